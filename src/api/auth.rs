@@ -1,0 +1,72 @@
+//! `X-API-Key` on every `/api/v1` route. The server never runs open: with no key
+//! configured it generates one into the data directory.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
+
+use super::error::ApiError;
+
+pub const HEADER: &str = "x-api-key";
+
+pub struct ApiKeys(Vec<Vec<u8>>);
+
+impl ApiKeys {
+    pub fn new(keys: &[String]) -> Self {
+        Self(keys.iter().map(|k| k.as_bytes().to_vec()).collect())
+    }
+
+    /// Compares against every key in constant time, so timing reveals neither which key
+    /// nor how much of one matched.
+    pub fn accepts(&self, presented: &[u8]) -> bool {
+        self.0.iter().fold(false, |ok, key| ok | bool::from(key.as_slice().ct_eq(presented)))
+    }
+}
+
+pub async fn require_key(State(keys): State<Arc<ApiKeys>>, request: Request, next: Next) -> Response {
+    match request.headers().get(HEADER) {
+        Some(key) if keys.accepts(key.as_bytes()) => next.run(request).await,
+        Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the X-API-Key header holds no valid key").into_response(),
+        None => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send an API key in the X-API-Key header (see KODER_DNS_API_KEY or <data-dir>/api-key)",
+        )
+        .into_response(),
+    }
+}
+
+/// The key file used when no key is configured.
+pub fn key_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("api-key")
+}
+
+/// Reads the generated key, or generates one (32 random bytes, hex) with mode 0600.
+pub fn load_or_generate(data_dir: &Path) -> anyhow::Result<(String, PathBuf, bool)> {
+    let path = key_path(data_dir);
+    match std::fs::read_to_string(&path) {
+        Ok(key) if !key.trim().is_empty() => return Ok((key.trim().to_owned(), path, false)),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot read the API key file {}", path.display())),
+    }
+    let mut raw = [0u8; 32];
+    getrandom::fill(&mut raw).map_err(|e| anyhow::anyhow!("no randomness for an API key: {e}"))?;
+    let key: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(&path).with_context(|| format!("cannot write the API key file {}", path.display()))?;
+    file.write_all(key.as_bytes())?;
+    file.sync_all()?;
+    Ok((key, path, true))
+}

@@ -1,0 +1,45 @@
+//! Request bodies: JSON whatever the `Content-Type`, at most 64 KiB, with errors that name
+//! the field that was wrong.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+
+pub const MAX_BODY: usize = 64 * 1024;
+
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| match e.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("request bodies are limited to {MAX_BODY} bytes"),
+            ),
+            status => ApiError::new(status, "bad_request", e.body_text()),
+        })?;
+        parse(&bytes).map(JsonBody)
+    }
+}
+
+pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || inner.is_syntax() || inner.is_eof() {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not valid JSON: {inner}"))
+        } else {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_field", format!("{path}: {inner}"))
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not valid JSON: {e}")))?;
+    Ok(value)
+}

@@ -1,0 +1,53 @@
+//! Every REST error is `{"error": "<code>", "message": "<for a person>"}`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into() }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({ "error": self.code, "message": self.message }))).into_response()
+    }
+}
+
+impl From<crate::registry::instance::FieldError> for ApiError {
+    fn from(e: crate::registry::instance::FieldError) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_field", e.to_string())
+    }
+}
+
+impl From<crate::registry::store::StoreError> for ApiError {
+    fn from(e: crate::registry::store::StoreError) -> Self {
+        use crate::registry::store::StoreError;
+        match e {
+            StoreError::Full(_) => Self::new(StatusCode::INSUFFICIENT_STORAGE, "registry_full", e.to_string()),
+            StoreError::Unavailable(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "storage_unavailable",
+                format!("{e}; nothing was changed, retry later"),
+            ),
+        }
+    }
+}

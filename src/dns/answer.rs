@@ -1,0 +1,186 @@
+//! Answers for the service zone, computed from the registry's read-only view.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use hickory_proto::rr::rdata::HINFO;
+use hickory_proto::rr::{LowerName, Name, RData, Record, RecordType};
+
+use super::records::{address_rdata, parse_addr_label};
+use crate::registry::Registry;
+use crate::registry::view::Member;
+
+/// The outcome of a lookup in the service zone.
+#[derive(Debug, PartialEq)]
+pub enum Answer {
+    /// NOERROR with records.
+    Records { answers: Vec<Record>, additionals: Vec<Record> },
+    /// The name exists but has nothing of the asked type: NOERROR, SOA in authority.
+    NoData,
+    /// The name does not exist: NXDOMAIN, SOA in authority.
+    NxDomain,
+}
+
+pub struct ZoneAnswerer {
+    pub registry: Arc<Registry>,
+    /// Upper bound on record TTLs.
+    pub dns_ttl: u32,
+    pub negative_ttl: u32,
+    /// Address of `ns.<zone>`.
+    pub ns_address: IpAddr,
+}
+
+/// TTL of infrastructure records (NS and the address of `ns.`), which do not churn.
+const NS_TTL: u32 = 3600;
+
+/// RFC 8482: one small synthesised record instead of every RRset at the name.
+fn minimal_any(owner: &Name) -> Answer {
+    let hinfo = RData::HINFO(HINFO::new("RFC8482".into(), String::new()));
+    Answer::Records { answers: vec![Record::from_rdata(owner.clone(), 0, hinfo)], additionals: vec![] }
+}
+
+fn records(owner: &Name, ttl: u32, rdatas: impl IntoIterator<Item = RData>) -> Vec<Record> {
+    rdatas.into_iter().map(|rd| Record::from_rdata(owner.clone(), ttl, rd)).collect()
+}
+
+impl ZoneAnswerer {
+    /// `qname` must be inside the zone; `owner` is the question's name as asked, so answers
+    /// echo the client's letter case (resolvers using 0x20 randomisation check it).
+    pub fn answer(&self, qname: &LowerName, owner: &Name, qtype: RecordType) -> Answer {
+        let zone = self.registry.zone();
+        let depth = qname.num_labels() - zone.origin_lower.num_labels();
+        let labels: Vec<&[u8]> = qname.iter().take(depth as usize).collect();
+        let now = self.registry.now();
+        match labels.as_slice() {
+            [] => match qtype {
+                RecordType::SOA => Answer::Records {
+                    answers: vec![self.soa_as(owner)],
+                    additionals: vec![],
+                },
+                RecordType::NS => Answer::Records {
+                    answers: vec![Record::from_rdata(owner.clone(), NS_TTL, zone.ns_record(NS_TTL).data)],
+                    additionals: vec![Record::from_rdata(zone.ns.clone(), NS_TTL, address_rdata(self.ns_address))],
+                },
+                RecordType::ANY => minimal_any(owner),
+                _ => Answer::NoData,
+            },
+            [b"ns"] => match qtype {
+                RecordType::A if self.ns_address.is_ipv4() => self.address_answer(owner, self.ns_address),
+                RecordType::AAAA if self.ns_address.is_ipv6() => self.address_answer(owner, self.ns_address),
+                RecordType::ANY => minimal_any(owner),
+                _ => Answer::NoData,
+            },
+            // `addr.<zone>` is an empty non-terminal: it exists, with nothing of its own.
+            [b"addr"] => Answer::NoData,
+            [hex, b"addr"] => match parse_addr_label(hex) {
+                None => Answer::NxDomain,
+                Some(ip) => match qtype {
+                    RecordType::A if ip.is_ipv4() => self.address_answer(owner, ip),
+                    RecordType::AAAA if ip.is_ipv6() => self.address_answer(owner, ip),
+                    RecordType::ANY => minimal_any(owner),
+                    _ => Answer::NoData,
+                },
+            },
+            [service] => self.service_answer(service, None, owner, qtype, now),
+            [service, protocol] => match (service.strip_prefix(b"_"), protocol.strip_prefix(b"_")) {
+                (Some(service), Some(protocol)) => self.service_answer(service, Some(protocol), owner, qtype, now),
+                _ => Answer::NxDomain,
+            },
+            // `_<name>.<zone>` is the empty non-terminal above `_<name>._<protocol>.<zone>`.
+            [..] => Answer::NxDomain,
+        }
+        .or_ent(labels.as_slice(), |service| self.has_answerable(service, now))
+    }
+
+    fn soa_as(&self, owner: &Name) -> Record {
+        let soa = self.registry.zone().soa(self.registry.serial(), self.negative_ttl);
+        Record::from_rdata(owner.clone(), soa.ttl, soa.data)
+    }
+
+    /// The zone's SOA for the authority section of negative answers.
+    pub fn soa(&self) -> Record {
+        self.registry.zone().soa(self.registry.serial(), self.negative_ttl)
+    }
+
+    fn address_answer(&self, owner: &Name, ip: IpAddr) -> Answer {
+        Answer::Records { answers: vec![Record::from_rdata(owner.clone(), NS_TTL, address_rdata(ip))], additionals: vec![] }
+    }
+
+    fn has_answerable(&self, service: &[u8], now: i64) -> bool {
+        let Ok(service) = std::str::from_utf8(service) else { return false };
+        self.registry.view(service).is_some_and(|v| v.answerable(now).next().is_some())
+    }
+
+    /// The members of a service that DNS may hand out, shuffled so load spreads, and the
+    /// TTL their RRsets get: `--dns-ttl`, capped by the shortest remaining lease.
+    fn live_members(&self, service: &[u8], protocol: Option<&[u8]>, now: i64) -> (Vec<Arc<Member>>, u32) {
+        let Some(view) = std::str::from_utf8(service).ok().and_then(|s| self.registry.view(s)) else {
+            return (Vec::new(), 0);
+        };
+        let mut expired = false;
+        let mut members: Vec<Arc<Member>> = view
+            .members
+            .iter()
+            .filter(|m| protocol.is_none_or(|p| m.protocol.as_bytes() == p))
+            .filter(|m| {
+                let alive = m.lease.alive(now);
+                expired |= !alive;
+                alive && m.healthy
+            })
+            .cloned()
+            .collect();
+        if expired {
+            self.registry.expired_seen();
+        }
+        fastrand::shuffle(&mut members);
+        let ttl = members
+            .iter()
+            .map(|m| m.lease.remaining_secs(now))
+            .fold(self.dns_ttl as u64, u64::min) as u32;
+        (members, ttl)
+    }
+
+    fn service_answer(&self, service: &[u8], protocol: Option<&[u8]>, owner: &Name, qtype: RecordType, now: i64) -> Answer {
+        let (members, ttl) = self.live_members(service, protocol, now);
+        if members.is_empty() {
+            return Answer::NxDomain;
+        }
+        let answers = match (qtype, protocol) {
+            (RecordType::SRV, Some(_)) => {
+                let mut seen = HashSet::new();
+                let additionals = members
+                    .iter()
+                    .filter_map(|m| m.records.glue.as_ref())
+                    .filter(|(name, _)| seen.insert(name.clone()))
+                    .map(|(name, rd)| Record::from_rdata(name.clone(), ttl, rd.clone()))
+                    .collect();
+                let answers = records(owner, ttl, members.iter().map(|m| m.records.srv.clone()));
+                return Answer::Records { answers, additionals };
+            }
+            (RecordType::TXT, _) => records(owner, ttl, members.iter().map(|m| m.records.txt.clone())),
+            (RecordType::A | RecordType::AAAA, None) => {
+                let want_v4 = qtype == RecordType::A;
+                let mut seen = HashSet::new();
+                let ips = members
+                    .iter()
+                    .filter_map(|m| m.records.ip)
+                    .filter(|ip| ip.is_ipv4() == want_v4 && seen.insert(*ip));
+                records(owner, ttl, ips.map(address_rdata))
+            }
+            (RecordType::ANY, _) => return minimal_any(owner),
+            _ => Vec::new(),
+        };
+        if answers.is_empty() { Answer::NoData } else { Answer::Records { answers, additionals: vec![] } }
+    }
+}
+
+impl Answer {
+    /// `_<name>.<zone>` exists (NODATA, not NXDOMAIN) while `_<name>._<protocol>` does.
+    fn or_ent(self, labels: &[&[u8]], has_answerable: impl Fn(&[u8]) -> bool) -> Self {
+        match (self, labels) {
+            (Answer::NxDomain, [service]) if service.starts_with(b"_") && has_answerable(&service[1..]) => Answer::NoData,
+            (answer, _) => answer,
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! The authoritative DNS server: the service zone answered from the registry, and static
+//! zone files answered by hickory's Catalog, behind one hickory `Server`.
+
+pub mod answer;
+pub mod records;
+pub mod zones;
+
+use std::net::{IpAddr, SocketAddr};
+
+use hickory_proto::op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode};
+use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
+use hickory_proto::serialize::binary::{BinEncodable, BinEncoder};
+use hickory_server::net::runtime::Time;
+use hickory_server::net::xfer::Protocol;
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::zone_handler::{Catalog, MessageResponseBuilder};
+use tokio::net::{TcpListener, UdpSocket};
+
+use answer::{Answer, ZoneAnswerer};
+
+/// Largest UDP response we send whatever the client advertises: hickory's UDP receive
+/// buffer, and a size that still crosses most paths unfragmented enough to be useful.
+pub const MAX_UDP_PAYLOAD: u16 = 4096;
+/// Size of the OPT record we attach when the client used EDNS (no options).
+const OPT_LEN: usize = 11;
+
+pub struct Authority {
+    zone: ZoneAnswerer,
+    static_zones: Catalog,
+}
+
+impl Authority {
+    pub fn new(zone: ZoneAnswerer, static_zones: Catalog) -> Self {
+        Self { zone, static_zones }
+    }
+}
+
+/// An upper bound on the encoded size of `rdata`; unknown types force an exact trial.
+fn rdata_upper(rdata: &RData) -> usize {
+    match rdata {
+        RData::A(_) => 4,
+        RData::AAAA(_) => 16,
+        RData::SRV(srv) => 7 + srv.target.len(),
+        RData::TXT(txt) => txt.txt_data.iter().map(|s| s.len() + 1).sum(),
+        RData::NS(ns) => ns.0.len() + 1,
+        RData::SOA(soa) => soa.mname.len() + soa.rname.len() + 22,
+        _ => u16::MAX as usize,
+    }
+}
+
+/// How many of `answers` and `additionals` fit in `limit` bytes, by encoding them the way the
+/// response will be encoded (same order, same name compression). Cheap upper bounds skip the
+/// trial for the common small answer.
+fn fit(request: &Request, answers: &[Record], authorities: &[Record], additionals: &[Record], limit: usize, opt: usize) -> (usize, usize) {
+    let upper = |r: &Record| r.name.len() + 11 + rdata_upper(&r.data);
+    let query_len: usize = request.queries.queries().iter().map(|q| q.original().name().len() + 5).sum();
+    let bound = 12 + query_len + opt + answers.iter().chain(authorities).chain(additionals).map(upper).sum::<usize>();
+    if bound <= limit {
+        return (answers.len(), additionals.len());
+    }
+    let mut buf = Vec::with_capacity(limit);
+    let mut enc = BinEncoder::new(&mut buf);
+    let budget = limit - opt;
+    let fits = |enc: &mut BinEncoder<'_>, r: &Record| r.emit(enc).is_ok() && enc.len() <= budget;
+    let _ = enc.emit_vec(&[0; 12]);
+    for q in request.queries.queries() {
+        let _ = q.original().emit(&mut enc);
+    }
+    let n_answers = answers.iter().take_while(|r| fits(&mut enc, r)).count();
+    if n_answers < answers.len() || !authorities.iter().all(|r| fits(&mut enc, r)) {
+        return (n_answers, 0);
+    }
+    (n_answers, additionals.iter().take_while(|r| fits(&mut enc, r)).count())
+}
+
+#[async_trait::async_trait]
+impl RequestHandler for Authority {
+    async fn handle_request<R: ResponseHandler, T: Time>(&self, request: &Request, response: R) -> ResponseInfo {
+        let mut meta = Metadata::response_from_request(&request.metadata);
+        let resp_edns = request.edns.as_ref().map(|e| {
+            let mut edns = Edns::new();
+            edns.set_max_payload(e.max_payload().clamp(512, MAX_UDP_PAYLOAD)).set_version(0);
+            edns
+        });
+        let mut builder = MessageResponseBuilder::from_message_request(request);
+        if let Some(edns) = &resp_edns {
+            builder.edns(edns);
+        }
+        let queries = request.queries.queries();
+        let code = if request.metadata.op_code != OpCode::Query {
+            Some(ResponseCode::NotImp)
+        } else if queries.len() != 1 {
+            Some(ResponseCode::FormErr)
+        } else if request.edns.as_ref().is_some_and(|e| e.version() > 0) {
+            Some(ResponseCode::BADVERS)
+        } else {
+            None
+        };
+        if let Some(code) = code {
+            return send(response, builder.error_msg(&request.metadata, code)).await;
+        }
+        let query = &queries[0];
+        if !self.zone.registry.zone().origin_lower.zone_of(query.name()) {
+            return self.static_zones.handle_request::<R, T>(request, response).await;
+        }
+        meta.authoritative = true;
+        let qtype = query.query_type();
+        if query.query_class() != DNSClass::IN || matches!(qtype, RecordType::AXFR | RecordType::IXFR) {
+            meta.response_code = ResponseCode::Refused;
+            return send(response, builder.build_no_records(meta)).await;
+        }
+        let (mut answers, mut additionals, soa) = match self.zone.answer(query.name(), query.original().name(), qtype) {
+            Answer::Records { answers, additionals } => (answers, additionals, None),
+            Answer::NoData => (vec![], vec![], Some(self.zone.soa())),
+            Answer::NxDomain => {
+                meta.response_code = ResponseCode::NXDomain;
+                (vec![], vec![], Some(self.zone.soa()))
+            }
+        };
+        let limit = match request.protocol() {
+            Protocol::Udp => resp_edns.as_ref().map_or(512, |e| e.max_payload()) as usize,
+            _ => u16::MAX as usize,
+        };
+        let opt = if resp_edns.is_some() { OPT_LEN } else { 0 };
+        let soa_slice = soa.as_slice();
+        let (n_answers, n_additionals) = fit(request, &answers, soa_slice, &additionals, limit, opt);
+        // Whatever does not fit is announced with TC, never dropped silently: the client
+        // retries over TCP and gets every record.
+        if n_answers < answers.len() || n_additionals < additionals.len() {
+            meta.truncation = true;
+            answers.truncate(n_answers);
+            additionals.truncate(if n_answers < answers.len() { 0 } else { n_additionals });
+        }
+        let message = builder.build(meta, answers.iter(), [].iter(), soa_slice.iter(), additionals.iter());
+        send(response, message).await
+    }
+}
+
+async fn send<'a, R: ResponseHandler>(
+    mut response: R,
+    message: hickory_server::zone_handler::MessageResponse<
+        '_,
+        'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+        impl Iterator<Item = &'a Record> + Send + 'a,
+    >,
+) -> ResponseInfo {
+    let metadata = *message.metadata();
+    match response.send_response(message).await {
+        Ok(info) => info,
+        Err(error) => {
+            tracing::debug!(%error, "could not send a DNS response");
+            let mut metadata = metadata;
+            metadata.response_code = ResponseCode::ServFail;
+            ResponseInfo::from(Header { metadata, counts: HeaderCounts::default() })
+        }
+    }
+}
+
+/// Binds UDP and TCP on one address. With port 0, both get the same free port.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<(UdpSocket, TcpListener)> {
+    if addr.port() != 0 {
+        return Ok((UdpSocket::bind(addr).await?, TcpListener::bind(addr).await?));
+    }
+    let mut last_error = None;
+    for _ in 0..32 {
+        let udp = UdpSocket::bind(addr).await?;
+        match TcpListener::bind(udp.local_addr()?).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) => last_error = Some(e),
+        }
+    }
+    Err(last_error.expect("tried at least once"))
+}
+
+/// The address `ns.<zone>` resolves to: where we listen, or loopback when listening on all.
+pub fn ns_address(listen: SocketAddr) -> IpAddr {
+    match listen.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv6() => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        ip if ip.is_unspecified() => IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+        ip => ip,
+    }
+}

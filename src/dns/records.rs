@@ -1,0 +1,129 @@
+//! Record building: the naming scheme of the service zone and the records of one instance,
+//! built once per registration so that a query only copies them.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
+use hickory_proto::rr::rdata::{A, AAAA, NS, SOA, SRV, TXT};
+use hickory_proto::rr::{LowerName, Name, RData, Record};
+
+use crate::registry::instance::{Address, Instance};
+
+/// The fixed names of the service zone.
+#[derive(Clone, Debug)]
+pub struct ZoneNames {
+    pub origin: Name,
+    pub origin_lower: LowerName,
+    /// `addr.<origin>`: parent of the synthesised address names of SRV targets.
+    pub addr: Name,
+    /// `ns.<origin>`: the zone's name server.
+    pub ns: Name,
+    /// `hostmaster.<origin>`: the SOA RNAME.
+    pub hostmaster: Name,
+}
+
+impl ZoneNames {
+    pub fn new(domain: &str) -> Result<Self, String> {
+        let mut origin = Name::from_str(domain).map_err(|e| format!("{domain:?} is not a domain name: {e}"))?;
+        origin.set_fqdn(true);
+        let origin = origin.to_lowercase();
+        if origin.is_root() {
+            return Err("the service zone cannot be the root".into());
+        }
+        let child = |label: &str| Name::from_str(label).and_then(|l| l.append_domain(&origin)).map_err(|e| e.to_string());
+        Ok(Self {
+            origin_lower: LowerName::new(&origin),
+            addr: child("addr")?,
+            ns: child("ns")?,
+            hostmaster: child("hostmaster")?,
+            origin,
+        })
+    }
+
+    /// `<hex>.addr.<origin>`: IPv4 as 8 hex digits, IPv6 as 32.
+    pub fn addr_name(&self, ip: IpAddr) -> Name {
+        let label = match ip {
+            IpAddr::V4(v4) => format!("{:08x}", u32::from(v4)),
+            IpAddr::V6(v6) => format!("{:032x}", u128::from(v6)),
+        };
+        Name::from_str(&label).and_then(|l| l.append_domain(&self.addr)).expect("hex labels are valid")
+    }
+
+    pub fn soa(&self, serial: u32, negative_ttl: u32) -> Record {
+        let soa = SOA::new(self.ns.clone(), self.hostmaster.clone(), serial, 3600, 600, 86400, negative_ttl);
+        Record::from_rdata(self.origin.clone(), negative_ttl, RData::SOA(soa))
+    }
+
+    pub fn ns_record(&self, ttl: u32) -> Record {
+        Record::from_rdata(self.origin.clone(), ttl, RData::NS(NS(self.ns.clone())))
+    }
+}
+
+/// The address a `<hex>` label of `addr.<origin>` encodes.
+pub fn parse_addr_label(label: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(label).ok()?;
+    if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    match text.len() {
+        8 => u32::from_str_radix(text, 16).ok().map(|v| IpAddr::V4(Ipv4Addr::from(v))),
+        32 => u128::from_str_radix(text, 16).ok().map(|v| IpAddr::V6(Ipv6Addr::from(v))),
+        _ => None,
+    }
+}
+
+pub fn address_rdata(ip: IpAddr) -> RData {
+    match ip {
+        IpAddr::V4(v4) => RData::A(A(v4)),
+        IpAddr::V6(v6) => RData::AAAA(AAAA(v6)),
+    }
+}
+
+/// The records of one instance, ready to be stamped with an owner name and a TTL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceRecords {
+    pub ip: Option<IpAddr>,
+    pub srv: RData,
+    /// For an IP target: `<hex>.addr.<origin>` and its A/AAAA, for the additional section.
+    pub glue: Option<(Name, RData)>,
+    pub txt: RData,
+}
+
+/// TXT character-strings hold at most 255 bytes; longer entries are split, never cut.
+fn txt_strings(entries: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in entries {
+        let mut rest = entry.as_str();
+        while rest.len() > 255 {
+            let mut cut = 255;
+            while !rest.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            out.push(rest[..cut].to_owned());
+            rest = &rest[cut..];
+        }
+        out.push(rest.to_owned());
+    }
+    out
+}
+
+impl InstanceRecords {
+    pub fn new(instance: &Instance, zone: &ZoneNames) -> Self {
+        let (ip, target, glue) = match instance.parsed_address() {
+            Address::Ip(ip) => {
+                let name = zone.addr_name(ip);
+                (Some(ip), name.clone(), Some((name, address_rdata(ip))))
+            }
+            Address::Host(host) => {
+                let mut name = Name::from_str(&host).expect("validated host name");
+                name.set_fqdn(true);
+                (None, name, None)
+            }
+        };
+        let srv = RData::SRV(SRV::new(instance.priority, instance.weight, instance.port, target));
+        let entries = std::iter::once(format!("id={}", instance.id))
+            .chain(instance.metadata.iter().map(|(k, v)| format!("{k}={v}")));
+        let txt = RData::TXT(TXT::new(txt_strings(entries)));
+        Self { ip, srv, glue, txt }
+    }
+}

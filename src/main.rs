@@ -1,0 +1,13 @@
+use std::process::ExitCode;
+
+use clap::Parser;
+use koder_dns::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => koder_dns::server::main(args),
+        Command::Export(args) => koder_dns::cli::export(args),
+        Command::Drift(args) => koder_dns::cli::drift(args),
+    }
+}

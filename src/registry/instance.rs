@@ -1,0 +1,232 @@
+//! The ServiceInstance of contract R1: its wire shape, and the validation that turns a
+//! registration body into something the registry may store.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use super::clock::{Nanos, parse_rfc3339, rfc3339};
+
+pub const DEFAULT_PROTOCOL: &str = "tcp";
+pub const DEFAULT_WEIGHT: u16 = 100;
+pub const DEFAULT_PRIORITY: u16 = 10;
+pub const MAX_ID_LEN: usize = 255;
+
+/// Metadata key (or `key=value` tag) that opts an instance into edge routing (R5).
+pub const JET_DOMAIN: &str = "jet.domain";
+
+/// A registered instance, as stored and as answered. Every field is always present on the
+/// wire so consumers never have to guess a default.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Instance {
+    pub id: String,
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    pub protocol: String,
+    pub tags: Vec<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub weight: u16,
+    pub priority: u16,
+    pub healthy: bool,
+    pub ttl_ns: i64,
+    #[serde(with = "timestamp")]
+    pub registered_at: Nanos,
+    #[serde(with = "timestamp")]
+    pub updated_at: Nanos,
+}
+
+impl Instance {
+    /// A label of R5: the metadata entry `key`, else the first `key=value` tag. Metadata wins
+    /// where both are given, so an explicit map entry can override a tag baked into an image.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        label(&self.metadata, &self.tags, key)
+    }
+
+    /// The address as DNS will serve it.
+    pub fn parsed_address(&self) -> Address {
+        parse_address(&self.address).expect("stored addresses were validated at registration")
+    }
+}
+
+pub fn label<'a>(metadata: &'a BTreeMap<String, String>, tags: &'a [String], key: &str) -> Option<&'a str> {
+    metadata.get(key).map(String::as_str).or_else(|| {
+        tags.iter()
+            .find_map(|t| t.split_once('=').filter(|(k, _)| *k == key).map(|(_, v)| v))
+    })
+}
+
+mod timestamp {
+    use super::*;
+    use serde::{Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(ns: &Nanos, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&rfc3339(*ns))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Nanos, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_rfc3339(&s).ok_or_else(|| D::Error::custom(format!("not an RFC 3339 time: {s}")))
+    }
+}
+
+/// Where consumers reach an instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Address {
+    Ip(IpAddr),
+    /// A host name, lower-case, without a trailing dot.
+    Host(String),
+}
+
+pub fn parse_address(s: &str) -> Option<Address> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(Address::Ip(ip));
+    }
+    let host = s.strip_suffix('.').unwrap_or(s);
+    is_host_name(host).then(|| Address::Host(host.to_ascii_lowercase()))
+}
+
+/// One DNS label of letters, digits and `-`, 1–63 long, not starting or ending with `-`.
+pub fn is_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A host name of RFC 1123 labels, at most 253 characters, whose last label is not all
+/// digits (so `10.0.0.300` is refused rather than read as a name).
+pub fn is_host_name(s: &str) -> bool {
+    s.len() <= 253
+        && s.split('.').all(is_label)
+        && s.rsplit('.').next().is_some_and(|tld| !tld.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A registration body (R1, R2) as a registrant sends it: everything optional, so that a
+/// missing field gets a message naming it rather than a serde error.
+#[derive(Debug, Default, Deserialize)]
+pub struct Registration {
+    pub id: Option<String>,
+    pub name: Option<String>,
+    pub address: Option<String>,
+    pub port: Option<i64>,
+    pub protocol: Option<String>,
+    pub tags: Option<Vec<String>>,
+    pub metadata: Option<BTreeMap<String, String>>,
+    pub weight: Option<i64>,
+    pub priority: Option<i64>,
+    pub healthy: Option<bool>,
+    pub ttl_ns: Option<i64>,
+}
+
+/// A validated registration: the mutable fields of an instance, without server stamps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spec {
+    pub id: String,
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    pub protocol: String,
+    pub tags: Vec<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub weight: u16,
+    pub priority: u16,
+    pub healthy: bool,
+    pub ttl_ns: i64,
+}
+
+/// A validation failure: which field, and what was wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { field: field.into(), message: message.into() }
+    }
+}
+
+fn u16_field(field: &str, value: Option<i64>, default: u16, min: i64) -> Result<u16, FieldError> {
+    match value {
+        None => Ok(default),
+        Some(v) if (min..=65535).contains(&v) => Ok(v as u16),
+        Some(v) => Err(FieldError::new(field, format!("must be between {min} and 65535, got {v}"))),
+    }
+}
+
+impl Registration {
+    pub fn validate(self) -> Result<Spec, FieldError> {
+        let name = self.name.filter(|n| !n.is_empty()).ok_or_else(|| FieldError::new("name", "is required"))?;
+        if !is_label(&name) {
+            return Err(FieldError::new(
+                "name",
+                format!("{name:?} is not one DNS label (1-63 letters, digits or '-', not starting or ending with '-')"),
+            ));
+        }
+        let name = name.to_ascii_lowercase();
+
+        let address = self.address.filter(|a| !a.is_empty()).ok_or_else(|| FieldError::new("address", "is required"))?;
+        let address = match parse_address(&address) {
+            Some(Address::Ip(ip)) => ip.to_string(),
+            Some(Address::Host(host)) => host,
+            None => return Err(FieldError::new("address", format!("{address:?} is neither an IP address nor a host name"))),
+        };
+
+        let port = match self.port {
+            None | Some(0) => return Err(FieldError::new("port", "is required and must be between 1 and 65535")),
+            p => u16_field("port", p, 0, 1)?,
+        };
+
+        let protocol = match self.protocol.filter(|p| !p.is_empty()) {
+            None => DEFAULT_PROTOCOL.to_owned(),
+            Some(p) if is_label(&p) => p.to_ascii_lowercase(),
+            Some(p) => return Err(FieldError::new("protocol", format!("{p:?} is not one DNS label"))),
+        };
+
+        let weight = u16_field("weight", self.weight, DEFAULT_WEIGHT, 0)?;
+        let priority = u16_field("priority", self.priority, DEFAULT_PRIORITY, 0)?;
+
+        let id = match self.id.filter(|i| !i.is_empty()) {
+            Some(id) => id,
+            None => format!("{name}-{address}-{port}"),
+        };
+        if id.len() > MAX_ID_LEN {
+            return Err(FieldError::new("id", format!("is {} bytes long; at most {MAX_ID_LEN} are allowed", id.len())));
+        }
+        if id.chars().any(char::is_control) {
+            return Err(FieldError::new("id", "must contain printable characters only"));
+        }
+
+        let tags = self.tags.unwrap_or_default();
+        let metadata = self.metadata.unwrap_or_default();
+        if let Some(domain) = label(&metadata, &tags, JET_DOMAIN) {
+            let host = domain.strip_suffix('.').unwrap_or(domain);
+            if !is_host_name(host) || !host.contains('.') {
+                return Err(FieldError::new(
+                    "metadata.jet.domain",
+                    format!("{domain:?} is not a valid public host name (e.g. voice.koder.dev)"),
+                ));
+            }
+        }
+        crate::health::CheckSpec::from_labels(&metadata, &tags)?;
+
+        Ok(Spec {
+            id,
+            name,
+            address,
+            port,
+            protocol,
+            tags,
+            metadata,
+            weight,
+            priority,
+            healthy: self.healthy.unwrap_or(true),
+            ttl_ns: self.ttl_ns.unwrap_or(0),
+        })
+    }
+}

@@ -1,0 +1,397 @@
+//! The registry: every instance, its lease, and the per-service views DNS answers from.
+//!
+//! One process-wide structure shared by the REST API, the DNS authority, the reaper and the
+//! health checker. Lock order is always instance entry → service view → lease index, and no
+//! lock is held across an await, so none of them can block another for long.
+
+pub mod clock;
+pub mod instance;
+pub mod lease;
+pub mod reaper;
+pub mod store;
+pub mod view;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry as MapEntry;
+use parking_lot::Mutex;
+use tokio::sync::{Notify, mpsc};
+use tracing::info;
+
+use crate::dns::records::{InstanceRecords, ZoneNames};
+use crate::health::{CheckKind, CheckSpec};
+use clock::{Clock, Nanos};
+use instance::{Instance, Spec};
+use lease::{Lease, LeaseIndex, NEVER};
+use view::{Member, ServiceView};
+
+pub struct Settings {
+    /// Lease for instances whose `ttl_ns` is not positive; 0 = never expire.
+    pub default_ttl: Nanos,
+    /// Upper bound on stored instances, so a misbehaving registrant cannot exhaust memory.
+    pub max_instances: usize,
+    /// The check for instances that name none.
+    pub default_check: CheckKind,
+    pub zone: ZoneNames,
+}
+
+/// What changed, for subscribers that keep per-instance state (the health checker).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Upserted(Arc<str>),
+    Removed(Arc<str>),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("the registry holds its maximum of {max} instances; deregister some or raise --max-instances")]
+    Full { max: usize },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    pub instance: Instance,
+    pub created: bool,
+}
+
+/// Which instances a listing keeps.
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    pub name: Option<String>,
+    pub healthy_only: bool,
+}
+
+struct Entry {
+    instance: Instance,
+    lease: Arc<Lease>,
+    member: Arc<Member>,
+}
+
+pub struct Registry {
+    instances: DashMap<Arc<str>, Entry>,
+    services: DashMap<String, Arc<ServiceView>>,
+    leases: LeaseIndex,
+    count: AtomicUsize,
+    serial: AtomicU32,
+    clock: Arc<dyn Clock>,
+    settings: Settings,
+    subscribers: Mutex<Vec<mpsc::UnboundedSender<Event>>>,
+    expired_seen: Notify,
+}
+
+impl Registry {
+    pub fn new(settings: Settings, clock: Arc<dyn Clock>) -> Self {
+        // Start the serial at the wall-clock second so that it keeps growing across restarts.
+        let serial = (clock.now() / clock::SECOND) as u32;
+        Self {
+            instances: DashMap::new(),
+            services: DashMap::new(),
+            leases: LeaseIndex::default(),
+            count: AtomicUsize::new(0),
+            serial: AtomicU32::new(serial),
+            clock,
+            settings,
+            subscribers: Mutex::new(Vec::new()),
+            expired_seen: Notify::new(),
+        }
+    }
+
+    pub fn now(&self) -> Nanos {
+        self.clock.now()
+    }
+
+    pub fn zone(&self) -> &ZoneNames {
+        &self.settings.zone
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The SOA serial: grows with every change that alters a DNS answer.
+    pub fn serial(&self) -> u32 {
+        self.serial.load(Ordering::Acquire)
+    }
+
+    /// Stored instances, including expired ones the reaper has not removed yet.
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Event> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.subscribers.lock().push(tx);
+        rx
+    }
+
+    fn emit(&self, event: Event) {
+        self.subscribers.lock().retain(|tx| tx.send(event.clone()).is_ok());
+    }
+
+    fn bump(&self) {
+        self.serial.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The lease an instance gets: its own TTL, else the default; 0 = never expire.
+    pub fn effective_ttl(&self, ttl_ns: i64) -> Nanos {
+        if ttl_ns > 0 { ttl_ns } else { self.settings.default_ttl }
+    }
+
+    fn deadline(&self, from: Nanos, ttl_ns: i64) -> Nanos {
+        match self.effective_ttl(ttl_ns) {
+            0 => NEVER,
+            ttl => from.saturating_add(ttl),
+        }
+    }
+
+    /// Whether the health checker, not the registrant, owns this instance's `healthy` flag.
+    fn checked(&self, spec: &CheckSpec) -> bool {
+        spec.effective_kind(self.settings.default_check) != CheckKind::None
+    }
+
+    fn member(&self, instance: &Instance, lease: Arc<Lease>) -> Arc<Member> {
+        Arc::new(Member {
+            id: instance.id.as_str().into(),
+            protocol: instance.protocol.clone(),
+            healthy: instance.healthy,
+            lease,
+            records: InstanceRecords::new(instance, &self.settings.zone),
+        })
+    }
+
+    fn put_member(&self, service: &str, member: Arc<Member>) {
+        let mut view = self.services.entry(service.to_owned()).or_default();
+        *view = Arc::new(view.with(member));
+    }
+
+    fn remove_member(&self, service: &str, id: &str) {
+        if let MapEntry::Occupied(mut view) = self.services.entry(service.to_owned()) {
+            let rest = view.get().without(id);
+            if rest.members.is_empty() {
+                view.remove();
+            } else {
+                view.insert(Arc::new(rest));
+            }
+        }
+    }
+
+    /// R2: an idempotent upsert. Re-registering a live id keeps `registered_at` and, when
+    /// the health checker owns the flag and the check settings are unchanged, `healthy`;
+    /// registering an id whose lease has run out is a new registration.
+    pub fn register(&self, spec: Spec) -> Result<Registered, RegistryError> {
+        let now = self.clock.now();
+        let deadline = self.deadline(now, spec.ttl_ns);
+        let id: Arc<str> = spec.id.as_str().into();
+        let new_check = CheckSpec::from_labels(&spec.metadata, &spec.tags).expect("validated with the spec");
+        let stamp = |registered_at: Nanos, healthy: bool| Instance {
+            id: spec.id.clone(),
+            name: spec.name.clone(),
+            address: spec.address.clone(),
+            port: spec.port,
+            protocol: spec.protocol.clone(),
+            tags: spec.tags.clone(),
+            metadata: spec.metadata.clone(),
+            weight: spec.weight,
+            priority: spec.priority,
+            healthy,
+            ttl_ns: spec.ttl_ns,
+            registered_at,
+            updated_at: now,
+        };
+        let registered = match self.instances.entry(id.clone()) {
+            MapEntry::Occupied(mut occupied) => {
+                let entry = occupied.get_mut();
+                let alive = entry.lease.alive(now);
+                let old = &entry.instance;
+                let old_check = CheckSpec::from_labels(&old.metadata, &old.tags).expect("stored specs are valid");
+                let keep_health = alive && self.checked(&new_check) && old_check == new_check;
+                let instance = stamp(
+                    if alive { old.registered_at } else { now },
+                    if keep_health { old.healthy } else { spec.healthy },
+                );
+                let old_deadline = entry.lease.deadline();
+                entry.lease.set(deadline);
+                self.leases.reschedule(&id, Some(old_deadline), deadline);
+                let member = self.member(&instance, entry.lease.clone());
+                let renamed = old.name != instance.name;
+                if renamed {
+                    self.remove_member(&old.name, &id);
+                }
+                if renamed || !alive || !entry.member.same_answers(&member) {
+                    self.put_member(&instance.name, member.clone());
+                    entry.member = member;
+                    self.bump();
+                }
+                entry.instance = instance.clone();
+                Registered { instance, created: !alive }
+            }
+            MapEntry::Vacant(vacant) => {
+                let max = self.settings.max_instances;
+                if self.count.fetch_add(1, Ordering::AcqRel) >= max {
+                    self.count.fetch_sub(1, Ordering::AcqRel);
+                    return Err(RegistryError::Full { max });
+                }
+                let instance = stamp(now, spec.healthy);
+                let lease = Arc::new(Lease::new(deadline));
+                let member = self.member(&instance, lease.clone());
+                self.put_member(&instance.name, member.clone());
+                self.leases.reschedule(&id, None, deadline);
+                vacant.insert(Entry { instance: instance.clone(), lease, member });
+                self.bump();
+                Registered { instance, created: true }
+            }
+        };
+        let inst = &registered.instance;
+        info!(id = %inst.id, service = %inst.name, address = %inst.address, port = inst.port,
+              created = registered.created, "instance registered");
+        self.emit(Event::Upserted(id));
+        Ok(registered)
+    }
+
+    /// R3: renews a live lease. `None` when the id is unknown or its lease has run out, even
+    /// if the reaper has not removed it yet: a heartbeat never resurrects a dead instance.
+    pub fn heartbeat(&self, id: &str) -> Option<Instance> {
+        let now = self.clock.now();
+        let mut entry = self.instances.get_mut(id)?;
+        if !entry.lease.alive(now) {
+            drop(entry);
+            self.expired_seen.notify_one();
+            return None;
+        }
+        let deadline = self.deadline(now, entry.instance.ttl_ns);
+        let old = entry.lease.deadline();
+        entry.lease.set(deadline);
+        entry.instance.updated_at = now;
+        self.leases.reschedule(entry.key(), Some(old), deadline);
+        Some(entry.instance.clone())
+    }
+
+    /// R4: removes an instance at once. False when the id is unknown or already dead.
+    pub fn deregister(&self, id: &str) -> bool {
+        let now = self.clock.now();
+        let Some((id, entry)) = self.instances.remove(id) else {
+            return false;
+        };
+        let alive = entry.lease.alive(now);
+        self.forget(&id, &entry);
+        if alive {
+            info!(id = %id, service = %entry.instance.name, "instance deregistered");
+        } else {
+            info!(id = %id, service = %entry.instance.name, "instance expired");
+        }
+        alive
+    }
+
+    fn forget(&self, id: &Arc<str>, entry: &Entry) {
+        self.leases.remove(id, entry.lease.deadline());
+        self.remove_member(&entry.instance.name, id);
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        self.bump();
+        self.emit(Event::Removed(id.clone()));
+    }
+
+    /// Removes every instance whose lease has run out; returns how many. Touches only the
+    /// instances that are due, found through the lease index.
+    pub fn reap(&self) -> usize {
+        let now = self.clock.now();
+        let mut removed = 0;
+        for id in self.leases.take_due(now) {
+            // A heartbeat may have renewed the lease since it was taken from the index; the
+            // check under the entry's lock settles the race.
+            if let Some((id, entry)) = self.instances.remove_if(&id, |_, e| !e.lease.alive(now)) {
+                self.forget(&id, &entry);
+                info!(id = %id, service = %entry.instance.name, "instance expired");
+                removed += 1;
+            }
+        }
+        removed
+    }
+
+    /// Wakes the reaper early: a reader met an instance whose lease has run out.
+    pub fn expired_seen(&self) {
+        self.expired_seen.notify_one();
+    }
+
+    pub(crate) async fn wait_expired_seen(&self) {
+        self.expired_seen.notified().await
+    }
+
+    /// Sets the health checker's verdict. Returns whether the flag changed.
+    pub fn set_health(&self, id: &str, healthy: bool) -> bool {
+        let Some(mut entry) = self.instances.get_mut(id) else {
+            return false;
+        };
+        if entry.instance.healthy == healthy {
+            return false;
+        }
+        entry.instance.healthy = healthy;
+        let member = self.member(&entry.instance, entry.lease.clone());
+        self.put_member(&entry.instance.name, member.clone());
+        entry.member = member;
+        self.bump();
+        true
+    }
+
+    /// A live instance.
+    pub fn get(&self, id: &str) -> Option<Instance> {
+        let now = self.clock.now();
+        self.instances.get(id).filter(|e| e.lease.alive(now)).map(|e| e.instance.clone())
+    }
+
+    /// Live instances matching `filter`, sorted by name, then id.
+    pub fn list(&self, filter: &Filter) -> Vec<Instance> {
+        let now = self.clock.now();
+        let keep = |e: &Entry| e.lease.alive(now) && (!filter.healthy_only || e.instance.healthy);
+        let mut out: Vec<Instance> = match &filter.name {
+            Some(name) => self
+                .view(name)
+                .map(|v| {
+                    v.members
+                        .iter()
+                        .filter_map(|m| self.instances.get(&*m.id).filter(|e| keep(e)).map(|e| e.instance.clone()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            None => self.instances.iter().filter(|e| keep(e)).map(|e| e.instance.clone()).collect(),
+        };
+        out.sort_unstable_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
+        out
+    }
+
+    /// Names of the services with at least one instance matching `filter`, sorted.
+    pub fn service_names(&self, filter: &Filter) -> Vec<String> {
+        let mut names: Vec<String> = self.list(filter).into_iter().map(|i| i.name).collect();
+        names.dedup();
+        names
+    }
+
+    /// The DNS view of one service.
+    pub fn view(&self, service: &str) -> Option<Arc<ServiceView>> {
+        self.services.get(service).map(|v| v.clone())
+    }
+
+    /// Puts back instances read from durable storage, with their stored stamps. An instance
+    /// already past its lease is dropped, not restored.
+    pub fn restore(&self, instance: Instance, lease_from: Nanos) {
+        let id: Arc<str> = instance.id.as_str().into();
+        let deadline = self.deadline(lease_from.max(instance.updated_at), instance.ttl_ns);
+        if deadline <= self.clock.now() {
+            return;
+        }
+        let lease = Arc::new(Lease::new(deadline));
+        let member = self.member(&instance, lease.clone());
+        self.put_member(&instance.name, member.clone());
+        self.leases.reschedule(&id, None, deadline);
+        if self.instances.insert(id.clone(), Entry { instance, lease, member }).is_none() {
+            self.count.fetch_add(1, Ordering::AcqRel);
+        }
+        self.bump();
+        self.emit(Event::Upserted(id));
+    }
+}

@@ -1,0 +1,23 @@
+//! The reaper (R3): the backstop that removes instances whose registrants died.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::Registry;
+
+/// Sweeps every `interval`, and early when a reader met an expired instance, so that the SOA
+/// serial moves soon after a lease ends even with a long interval.
+pub async fn run(registry: Arc<Registry>, interval: Duration, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+            _ = registry.wait_expired_seen() => {}
+        }
+        registry.reap();
+    }
+}

@@ -1,0 +1,58 @@
+//! The read-only view DNS answers from: per service, the instances with their records
+//! prebuilt. Mutations replace a service's view (copy on write); queries clone one `Arc`
+//! and never touch the instance map, so answer cost follows the size of the asked service.
+
+use std::sync::Arc;
+
+use super::clock::Nanos;
+use super::lease::Lease;
+use crate::dns::records::InstanceRecords;
+
+#[derive(Debug)]
+pub struct Member {
+    pub id: Arc<str>,
+    pub protocol: String,
+    pub healthy: bool,
+    pub lease: Arc<Lease>,
+    pub records: InstanceRecords,
+}
+
+impl Member {
+    /// In DNS answers: healthy and within its lease.
+    pub fn answerable(&self, now: Nanos) -> bool {
+        self.healthy && self.lease.alive(now)
+    }
+
+    /// Whether replacing `self` by `other` changes any answer.
+    pub fn same_answers(&self, other: &Member) -> bool {
+        self.protocol == other.protocol && self.healthy == other.healthy && self.records == other.records
+    }
+}
+
+/// One service's members, sorted by id.
+#[derive(Debug, Default)]
+pub struct ServiceView {
+    pub members: Vec<Arc<Member>>,
+}
+
+impl ServiceView {
+    pub fn answerable(&self, now: Nanos) -> impl Iterator<Item = &Arc<Member>> {
+        self.members.iter().filter(move |m| m.answerable(now))
+    }
+
+    /// A copy with `member` put in place of any member of the same id.
+    pub(super) fn with(&self, member: Arc<Member>) -> Self {
+        let mut members = self.members.clone();
+        match members.binary_search_by(|m| m.id.cmp(&member.id)) {
+            Ok(i) => members[i] = member,
+            Err(i) => members.insert(i, member),
+        }
+        Self { members }
+    }
+
+    /// A copy without the member `id`.
+    pub(super) fn without(&self, id: &str) -> Self {
+        let members = self.members.iter().filter(|m| &*m.id != id).cloned().collect();
+        Self { members }
+    }
+}

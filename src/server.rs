@@ -1,0 +1,168 @@
+//! Wiring: one process, one registry, served over DNS and REST, kept true by the reaper.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use hickory_server::Server;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::api::{self, AppState, auth};
+use crate::cli::ServeArgs;
+use crate::config::Config;
+use crate::dns::{self, Authority, answer::ZoneAnswerer, records::ZoneNames};
+use crate::registry::clock::{Clock, SystemClock};
+use crate::registry::store::Store;
+use crate::registry::{self, Registry, Settings};
+
+/// A started server.
+pub struct Running {
+    pub dns_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    /// A key the API accepts.
+    pub api_key: String,
+    pub registry: Arc<Registry>,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, lets in-flight requests finish, flushes durable state.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+}
+
+pub async fn start(config: Config) -> anyhow::Result<Running> {
+    start_with_clock(config, Arc::new(SystemClock)).await
+}
+
+pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::Result<Running> {
+    let keys = if config.api_keys.is_empty() {
+        let (key, path, created) = auth::load_or_generate(&config.data_dir)?;
+        if created {
+            warn!(path = %path.display(), "no API key configured; generated one (set KODER_DNS_API_KEY to choose your own)");
+        } else {
+            info!(path = %path.display(), "no API key configured; using the generated key");
+        }
+        vec![key]
+    } else {
+        config.api_keys.clone()
+    };
+    let zone = ZoneNames::new(&config.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
+    let static_zones = dns::zones::load(&config.zones_dir, &zone.origin)?;
+    let settings = Settings {
+        default_ttl: config.default_ttl.as_nanos() as i64,
+        max_instances: config.max_instances,
+        default_check: config.default_check,
+        zone,
+    };
+    let registry = Arc::new(Registry::new(settings, clock));
+    let store = Arc::new(Store::in_memory(registry.clone()));
+    let shutdown = CancellationToken::new();
+    let mut tasks = Vec::new();
+
+    let (udp, tcp) = dns::bind(config.dns_listen)
+        .await
+        .with_context(|| format!("cannot listen for DNS on {} (--dns-listen)", config.dns_listen))?;
+    let dns_addr = udp.local_addr()?;
+    let answerer = ZoneAnswerer {
+        registry: registry.clone(),
+        dns_ttl: config.dns_ttl.as_secs() as u32,
+        negative_ttl: config.negative_ttl.as_secs() as u32,
+        ns_address: dns::ns_address(dns_addr),
+    };
+    let mut dns_server = Server::new(Authority::new(answerer, static_zones));
+    dns_server.register_socket(udp);
+    dns_server.register_listener(tcp, config.dns_tcp_idle_timeout, 64);
+    let token = shutdown.clone();
+    tasks.push(tokio::spawn(async move {
+        token.cancelled().await;
+        if let Err(e) = dns_server.shutdown_gracefully().await {
+            warn!(error = %e, "DNS server stopped with an error");
+        }
+    }));
+
+    let http = tokio::net::TcpListener::bind(config.http_listen)
+        .await
+        .with_context(|| format!("cannot listen for HTTP on {} (--http-listen)", config.http_listen))?;
+    let http_addr = http.local_addr()?;
+    let router = api::router(AppState { store: store.clone() }, Arc::new(auth::ApiKeys::new(&keys)));
+    let token = shutdown.clone();
+    tasks.push(tokio::spawn(async move {
+        let serve = axum::serve(http, router).with_graceful_shutdown(token.cancelled_owned());
+        if let Err(e) = serve.await {
+            error!(error = %e, "HTTP server stopped with an error");
+        }
+    }));
+
+    tasks.push(tokio::spawn(registry::reaper::run(registry.clone(), config.reaper_interval, shutdown.clone())));
+
+    info!(dns = %dns_addr, http = %http_addr, zone = %registry.zone().origin,
+          default_ttl_s = config.default_ttl.as_secs_f64(), "koder-dns listening");
+    Ok(Running { dns_addr, http_addr, api_key: keys[0].clone(), registry, shutdown, tasks })
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    // hickory logs two INFO lines per query; that costs a third of the throughput.
+    let filter = EnvFilter::try_from_env("KODER_DNS_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info,hickory_server=warn,hickory_proto=warn,hickory_net=warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+/// `koder-dns serve`.
+pub fn main(args: ServeArgs) -> ExitCode {
+    init_logging();
+    let config = match args.into_config() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("koder-dns: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    runtime.block_on(async {
+        let running = match start(config).await {
+            Ok(running) => running,
+            Err(e) => {
+                error!("{e:#}");
+                eprintln!("koder-dns: {e:#}");
+                return ExitCode::from(1);
+            }
+        };
+        wait_for_signal().await;
+        info!("shutting down");
+        if tokio::time::timeout(Duration::from_secs(10), running.shutdown()).await.is_err() {
+            warn!("in-flight work did not finish within 10s; exiting anyway");
+        }
+        info!("stopped");
+        ExitCode::SUCCESS
+    })
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
