@@ -11,6 +11,9 @@ pub mod reaper;
 pub mod store;
 pub mod view;
 
+#[cfg(test)]
+mod tests;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 

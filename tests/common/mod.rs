@@ -1,0 +1,149 @@
+//! Test harness: the real server in-process on ephemeral ports, with HTTP and DNS clients.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
+use hickory_proto::rr::{Name, RecordType};
+use koder_dns::config::Config;
+use koder_dns::registry::clock::{Clock, ManualClock, SystemClock};
+use koder_dns::server::{self, Running};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub const KEY: &str = "test-key-0123456789abcdef";
+
+pub struct TestServer {
+    pub running: Running,
+    pub http: reqwest::Client,
+    pub base: String,
+    pub dir: tempfile::TempDir,
+}
+
+/// A config on ephemeral loopback ports with a private data directory and no zones.
+pub fn test_config(dir: &std::path::Path) -> Config {
+    Config {
+        dns_listen: "127.0.0.1:0".parse().unwrap(),
+        http_listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.join("data"),
+        zones_dir: dir.join("zones"),
+        api_keys: vec![KEY.to_owned()],
+        ..Config::default()
+    }
+}
+
+pub async fn start() -> TestServer {
+    start_with(|_| {}).await
+}
+
+pub async fn start_with(tweak: impl FnOnce(&mut Config)) -> TestServer {
+    start_with_clock(tweak, Arc::new(SystemClock)).await
+}
+
+/// The server on a clock the test moves. Returns the clock too.
+pub async fn start_manual(tweak: impl FnOnce(&mut Config)) -> (TestServer, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(1_800_000_000_000_000_000));
+    (start_with_clock(tweak, clock.clone()).await, clock)
+}
+
+pub async fn start_with_clock(tweak: impl FnOnce(&mut Config), clock: Arc<dyn Clock>) -> TestServer {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(dir.path());
+    tweak(&mut config);
+    let running = server::start_with_clock(config, clock).await.expect("server starts");
+    let base = format!("http://{}", running.http_addr);
+    TestServer { running, http: reqwest::Client::new(), base, dir }
+}
+
+impl TestServer {
+    pub fn dns(&self) -> SocketAddr {
+        self.running.dns_addr
+    }
+
+    /// POST with the test key; returns status and JSON body (Null when not JSON).
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.send(self.http.post(self.url(path)).header("X-API-Key", KEY).json(body)).await
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.send(self.http.get(self.url(path)).header("X-API-Key", KEY)).await
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> (u16, Value) {
+        let response = request.send().await.expect("HTTP request");
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// Registers and asserts 200; returns the response body.
+    pub async fn register(&self, body: Value) -> Value {
+        let (status, response) = self.post("/api/v1/services/register", &body).await;
+        assert_eq!(status, 200, "register {body}: {response}");
+        response
+    }
+
+    /// A UDP query with EDNS (1232-byte buffer).
+    pub async fn query(&self, name: &str, rtype: RecordType) -> Message {
+        udp_query(self.dns(), &query_message(name, rtype, Some(1232))).await
+    }
+
+    pub async fn query_tcp(&self, name: &str, rtype: RecordType) -> Message {
+        tcp_query(self.dns(), &query_message(name, rtype, Some(1232))).await
+    }
+}
+
+pub fn query_message(name: &str, rtype: RecordType, edns_payload: Option<u16>) -> Message {
+    let mut message = Message::new(fastrand::u16(..), MessageType::Query, OpCode::Query);
+    message.add_query(Query::query(Name::from_str(name).unwrap(), rtype));
+    if let Some(payload) = edns_payload {
+        let mut edns = Edns::new();
+        edns.set_max_payload(payload);
+        message.set_edns(edns);
+    }
+    message
+}
+
+/// Sends raw bytes over UDP; returns the raw reply (or None after a timeout).
+pub async fn udp_raw(server: SocketAddr, bytes: &[u8], wait: Duration) -> Option<Vec<u8>> {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket.send_to(bytes, server).await.unwrap();
+    let mut buf = vec![0u8; 65535];
+    match tokio::time::timeout(wait, socket.recv(&mut buf)).await {
+        Ok(Ok(n)) => Some(buf[..n].to_vec()),
+        _ => None,
+    }
+}
+
+pub async fn udp_query(server: SocketAddr, message: &Message) -> Message {
+    let reply = udp_raw(server, &message.to_vec().unwrap(), Duration::from_secs(5)).await.expect("UDP reply");
+    let reply = Message::from_vec(&reply).expect("decodable reply");
+    assert_eq!(reply.metadata.id, message.metadata.id);
+    reply
+}
+
+pub async fn tcp_query(server: SocketAddr, message: &Message) -> Message {
+    let mut stream = tokio::net::TcpStream::connect(server).await.unwrap();
+    let bytes = message.to_vec().unwrap();
+    stream.write_all(&(bytes.len() as u16).to_be_bytes()).await.unwrap();
+    stream.write_all(&bytes).await.unwrap();
+    let mut len = [0u8; 2];
+    stream.read_exact(&mut len).await.unwrap();
+    let mut reply = vec![0u8; u16::from_be_bytes(len) as usize];
+    stream.read_exact(&mut reply).await.unwrap();
+    Message::from_vec(&reply).expect("decodable reply")
+}
+
+/// `n` instances of one service at 10.0.x.y, port 8000.
+pub fn instances(name: &str, n: usize) -> Vec<Value> {
+    (0..n)
+        .map(|i| serde_json::json!({ "name": name, "address": format!("10.0.{}.{}", i / 250, i % 250 + 1), "port": 8000 }))
+        .collect()
+}
