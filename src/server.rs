@@ -14,6 +14,7 @@ use tracing::{error, info, warn};
 use crate::api::{self, AppState, auth};
 use crate::cli::ServeArgs;
 use crate::config::Config;
+use crate::health;
 use crate::dns::{self, Authority, answer::ZoneAnswerer, records::ZoneNames};
 use crate::registry::clock::{Clock, SystemClock};
 use crate::registry::store::Store;
@@ -69,6 +70,7 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         zone,
     };
     let registry = Arc::new(Registry::new(settings, clock));
+    let health_events = registry.subscribe();
     let store = Arc::new(Store::in_memory(registry.clone()));
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
@@ -108,6 +110,13 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
     }));
 
     tasks.push(tokio::spawn(registry::reaper::run(registry.clone(), config.reaper_interval, shutdown.clone())));
+    let health = health::Settings {
+        default_check: config.default_check,
+        fall: config.check_fall,
+        rise: config.check_rise,
+        concurrency: config.check_concurrency,
+    };
+    tasks.push(tokio::spawn(health::run(registry.clone(), health_events, health, shutdown.clone())));
 
     info!(dns = %dns_addr, http = %http_addr, zone = %registry.zone().origin,
           default_ttl_s = config.default_ttl.as_secs_f64(), "koder-dns listening");
