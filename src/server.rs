@@ -17,8 +17,36 @@ use crate::config::Config;
 use crate::health;
 use crate::dns::{self, Authority, answer::ZoneAnswerer, records::ZoneNames};
 use crate::registry::clock::{Clock, SystemClock};
+use crate::registry::disk::{self, Disk};
 use crate::registry::store::Store;
 use crate::registry::{self, Registry, Settings};
+
+/// Opens the database, restores the instances it holds and starts the disk writer.
+///
+/// A restored lease ends at the stored `updated_at` + TTL + `--persist-interval`: the stored
+/// stamp may lag the last heartbeat by one batch, so a registrant that kept heart-beating
+/// never gets 410 for the restart, and a dead one is served at most one batch longer.
+async fn open_store(config: &Config, registry: &Arc<Registry>) -> anyhow::Result<Store> {
+    let data_dir = config.data_dir.clone();
+    let (db, path, loaded) = tokio::task::spawn_blocking(move || disk::open(&data_dir)).await??;
+    registry.raise_serial(loaded.serial.wrapping_add(1));
+    let grace = config.persist_interval.as_nanos() as i64;
+    let total = loaded.instances.len();
+    let mut dead = Vec::new();
+    for instance in loaded.instances {
+        let id: Arc<str> = instance.id.as_str().into();
+        if !registry.put_back(instance, grace) {
+            dead.push(id);
+        }
+    }
+    info!(path = %path.display(), restored = total - dead.len(), expired = dead.len(), "registry loaded from disk");
+    let events = registry.subscribe();
+    let disk = Disk::spawn(db, path, registry.clone(), events, config.persist_interval);
+    if !dead.is_empty() {
+        disk.write(dead).await.map_err(|e| anyhow::anyhow!("cannot remove expired instances from disk: {e}"))?;
+    }
+    Ok(Store::new(registry.clone(), Some(disk)))
+}
 
 /// A started server.
 pub struct Running {
@@ -27,6 +55,7 @@ pub struct Running {
     /// A key the API accepts.
     pub api_key: String,
     pub registry: Arc<Registry>,
+    store: Arc<Store>,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -38,6 +67,7 @@ impl Running {
         for task in self.tasks {
             let _ = task.await;
         }
+        self.store.close().await;
     }
 
     pub fn shutdown_token(&self) -> CancellationToken {
@@ -71,7 +101,7 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
     };
     let registry = Arc::new(Registry::new(settings, clock));
     let health_events = registry.subscribe();
-    let store = Arc::new(Store::in_memory(registry.clone()));
+    let store = Arc::new(open_store(&config, &registry).await?);
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
 
@@ -120,7 +150,7 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
 
     info!(dns = %dns_addr, http = %http_addr, zone = %registry.zone().origin,
           default_ttl_s = config.default_ttl.as_secs_f64(), "koder-dns listening");
-    Ok(Running { dns_addr, http_addr, api_key: keys[0].clone(), registry, shutdown, tasks })
+    Ok(Running { dns_addr, http_addr, api_key: keys[0].clone(), registry, store, shutdown, tasks })
 }
 
 fn init_logging() {
@@ -147,7 +177,6 @@ pub fn main(args: ServeArgs) -> ExitCode {
         let running = match start(config).await {
             Ok(running) => running,
             Err(e) => {
-                error!("{e:#}");
                 eprintln!("koder-dns: {e:#}");
                 return ExitCode::from(1);
             }

@@ -61,13 +61,12 @@ pub async fn run(
                 None => break,
             },
         };
-        let id = match &event {
-            Event::Upserted(id) | Event::Removed(id) => id.clone(),
-        };
-        let target = match event {
-            Event::Upserted(_) => target_of(&registry, &id, settings.default_check),
+        let target = match &event {
+            Event::Upserted(id) => target_of(&registry, id, settings.default_check),
             Event::Removed(_) => None,
+            Event::Renewed(_) | Event::HealthChanged(_) => continue,
         };
+        let id = event.id().clone();
         if checks.get(&id).map(|(t, _)| t) == target.as_ref() {
             continue; // unchanged settings keep the running check and its counters
         }

@@ -5,6 +5,7 @@
 //! lock is held across an await, so none of them can block another for long.
 
 pub mod clock;
+pub mod disk;
 pub mod instance;
 pub mod lease;
 pub mod reaper;
@@ -40,11 +41,26 @@ pub struct Settings {
     pub zone: ZoneNames,
 }
 
-/// What changed, for subscribers that keep per-instance state (the health checker).
+/// What changed, for subscribers that keep per-instance state (the health checker, the
+/// durable store).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
+    /// Registered, re-registered or restored.
     Upserted(Arc<str>),
+    /// Deregistered or expired.
     Removed(Arc<str>),
+    /// Lease renewed by a heartbeat.
+    Renewed(Arc<str>),
+    /// The health checker flipped the flag.
+    HealthChanged(Arc<str>),
+}
+
+impl Event {
+    pub fn id(&self) -> &Arc<str> {
+        match self {
+            Event::Upserted(id) | Event::Removed(id) | Event::Renewed(id) | Event::HealthChanged(id) => id,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +73,8 @@ pub enum RegistryError {
 pub struct Registered {
     pub instance: Instance,
     pub created: bool,
+    /// What the id held before (possibly expired), so a failed commit can put it back.
+    pub previous: Option<Instance>,
 }
 
 /// Which instances a listing keeps.
@@ -231,8 +249,8 @@ impl Registry {
                     entry.member = member;
                     self.bump();
                 }
-                entry.instance = instance.clone();
-                Registered { instance, created: !alive }
+                let previous = std::mem::replace(&mut entry.instance, instance.clone());
+                Registered { instance, created: !alive, previous: Some(previous) }
             }
             MapEntry::Vacant(vacant) => {
                 let max = self.settings.max_instances;
@@ -247,7 +265,7 @@ impl Registry {
                 self.leases.reschedule(&id, None, deadline);
                 vacant.insert(Entry { instance: instance.clone(), lease, member });
                 self.bump();
-                Registered { instance, created: true }
+                Registered { instance, created: true, previous: None }
             }
         };
         let inst = &registered.instance;
@@ -272,23 +290,38 @@ impl Registry {
         entry.lease.set(deadline);
         entry.instance.updated_at = now;
         self.leases.reschedule(entry.key(), Some(old), deadline);
-        Some(entry.instance.clone())
+        let instance = entry.instance.clone();
+        let id = entry.key().clone();
+        drop(entry);
+        self.emit(Event::Renewed(id));
+        Some(instance)
     }
 
-    /// R4: removes an instance at once. False when the id is unknown or already dead.
-    pub fn deregister(&self, id: &str) -> bool {
+    /// R4: removes an instance at once. Returns what was removed if it was alive; an
+    /// expired one is removed too, but reported as unknown.
+    pub fn deregister(&self, id: &str) -> Option<Instance> {
         let now = self.clock.now();
-        let Some((id, entry)) = self.instances.remove(id) else {
-            return false;
-        };
+        let (id, entry) = self.instances.remove(id)?;
         let alive = entry.lease.alive(now);
         self.forget(&id, &entry);
         if alive {
             info!(id = %id, service = %entry.instance.name, "instance deregistered");
+            Some(entry.instance)
         } else {
             info!(id = %id, service = %entry.instance.name, "instance expired");
+            None
         }
-        alive
+    }
+
+    /// Undoes a register whose commit failed: puts back what the id held before.
+    pub fn undo_register(&self, registered: Registered) {
+        let id: Arc<str> = registered.instance.id.as_str().into();
+        if let Some((id, entry)) = self.instances.remove(&id) {
+            self.forget(&id, &entry);
+        }
+        if let Some(previous) = registered.previous {
+            self.put_back(previous, 0);
+        }
     }
 
     fn forget(&self, id: &Arc<str>, entry: &Entry) {
@@ -337,8 +370,21 @@ impl Registry {
         let member = self.member(&entry.instance, entry.lease.clone());
         self.put_member(&entry.instance.name, member.clone());
         entry.member = member;
+        let id = entry.key().clone();
+        drop(entry);
         self.bump();
+        self.emit(Event::HealthChanged(id));
         true
+    }
+
+    /// Any stored instance, expired or not: what durable storage should hold for `id`.
+    pub fn stored(&self, id: &str) -> Option<Instance> {
+        self.instances.get(id).map(|e| e.instance.clone())
+    }
+
+    /// Makes the serial at least `floor`, so it keeps growing across restarts.
+    pub fn raise_serial(&self, floor: u32) {
+        self.serial.fetch_max(floor, Ordering::AcqRel);
     }
 
     /// A live instance.
@@ -379,22 +425,29 @@ impl Registry {
         self.services.get(service).map(|v| v.clone())
     }
 
-    /// Puts back instances read from durable storage, with their stored stamps. An instance
-    /// already past its lease is dropped, not restored.
-    pub fn restore(&self, instance: Instance, lease_from: Nanos) {
+    /// Puts back an instance with its stored stamps (from durable storage at start, or to
+    /// undo a failed change), its lease extended by `grace`. One already past its lease is
+    /// dropped; returns whether it was put back.
+    pub fn put_back(&self, instance: Instance, grace: Nanos) -> bool {
         let id: Arc<str> = instance.id.as_str().into();
-        let deadline = self.deadline(lease_from.max(instance.updated_at), instance.ttl_ns);
+        let deadline = match self.deadline(instance.updated_at, instance.ttl_ns) {
+            NEVER => NEVER,
+            d => d.saturating_add(grace),
+        };
         if deadline <= self.clock.now() {
-            return;
+            return false;
+        }
+        if let Some((id, old)) = self.instances.remove(&id) {
+            self.forget(&id, &old);
         }
         let lease = Arc::new(Lease::new(deadline));
         let member = self.member(&instance, lease.clone());
         self.put_member(&instance.name, member.clone());
         self.leases.reschedule(&id, None, deadline);
-        if self.instances.insert(id.clone(), Entry { instance, lease, member }).is_none() {
-            self.count.fetch_add(1, Ordering::AcqRel);
-        }
+        self.instances.insert(id.clone(), Entry { instance, lease, member });
+        self.count.fetch_add(1, Ordering::AcqRel);
         self.bump();
         self.emit(Event::Upserted(id));
+        true
     }
 }

@@ -1,8 +1,15 @@
-//! The store: the registry's narrow write interface. Every mutation that a client is told
+//! The store: the registry's narrow write interface. Every mutation a client is told
 //! succeeded goes through here, so durable storage (and later etcd) sits behind one seam.
+//!
+//! Register and deregister hold a per-id stripe lock, apply the change in memory, wait for
+//! its commit, and undo it if the commit fails: a 2xx is durable, an error changed nothing.
 
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
+use tokio::sync::Mutex;
+
+use super::disk::Disk;
 use super::instance::{Instance, Spec};
 use super::{Registered, Registry, RegistryError};
 
@@ -14,24 +21,64 @@ pub enum StoreError {
     Unavailable(String),
 }
 
+const STRIPES: usize = 1024;
+
 pub struct Store {
     pub registry: Arc<Registry>,
+    disk: Option<Disk>,
+    /// Serialises register/deregister per id so an undo never overwrites a later change.
+    stripes: Box<[Mutex<()>]>,
+    hasher: RandomState,
 }
 
 impl Store {
-    pub fn in_memory(registry: Arc<Registry>) -> Self {
-        Self { registry }
+    pub fn new(registry: Arc<Registry>, disk: Option<Disk>) -> Self {
+        Self { registry, disk, stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(), hasher: RandomState::new() }
+    }
+
+    fn stripe(&self, id: &str) -> &Mutex<()> {
+        &self.stripes[self.hasher.hash_one(id) as usize % STRIPES]
+    }
+
+    async fn commit(&self, id: &str) -> Result<(), StoreError> {
+        match &self.disk {
+            Some(disk) => disk.write(vec![id.into()]).await.map_err(StoreError::Unavailable),
+            None => Ok(()),
+        }
     }
 
     pub async fn register(&self, spec: Spec) -> Result<Registered, StoreError> {
-        Ok(self.registry.register(spec)?)
+        let _guard = self.stripe(&spec.id).lock().await;
+        let registered = self.registry.register(spec)?;
+        if let Err(e) = self.commit(&registered.instance.id).await {
+            self.registry.undo_register(registered);
+            return Err(e);
+        }
+        Ok(registered)
     }
 
+    /// Lease renewals are persisted in batches (see [`super::disk`]), never one by one.
     pub fn heartbeat(&self, id: &str) -> Option<Instance> {
         self.registry.heartbeat(id)
     }
 
+    /// True when a live instance was removed.
     pub async fn deregister(&self, id: &str) -> Result<bool, StoreError> {
-        Ok(self.registry.deregister(id))
+        let _guard = self.stripe(id).lock().await;
+        let Some(removed) = self.registry.deregister(id) else {
+            return Ok(false);
+        };
+        if let Err(e) = self.commit(id).await {
+            self.registry.put_back(removed, 0);
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    /// Writes everything still pending and stops the writer.
+    pub async fn close(&self) {
+        if let Some(disk) = &self.disk {
+            disk.close().await;
+        }
     }
 }

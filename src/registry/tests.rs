@@ -1,16 +1,801 @@
 //! Unit tests of the registry on a manual clock.
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::*;
 use crate::registry::clock::ManualClock;
+use crate::registry::instance::{FieldError, Registration};
 
 pub(crate) fn registry(default_ttl: std::time::Duration) -> (Registry, Arc<ManualClock>) {
+    registry_max(default_ttl, 1000)
+}
+
+fn registry_max(default_ttl: Duration, max_instances: usize) -> (Registry, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(1_800_000_000_000_000_000));
     let settings = Settings {
         default_ttl: default_ttl.as_nanos() as i64,
-        max_instances: 1000,
+        max_instances,
         default_check: CheckKind::None,
         zone: ZoneNames::new("service.koder").unwrap(),
     };
     (Registry::new(settings, clock.clone()), clock)
+}
+
+const SEC: Duration = Duration::from_secs(1);
+const NS: Duration = Duration::from_nanos(1);
+
+/// A minimal valid registration.
+fn reg(id: &str, name: &str) -> Registration {
+    Registration {
+        id: Some(id.into()),
+        name: Some(name.into()),
+        address: Some("10.0.0.1".into()),
+        port: Some(8080),
+        ..Default::default()
+    }
+}
+
+fn spec(id: &str, name: &str) -> Spec {
+    reg(id, name).validate().expect("valid registration")
+}
+
+fn spec_ttl(id: &str, name: &str, ttl_ns: i64) -> Spec {
+    Registration { ttl_ns: Some(ttl_ns), ..reg(id, name) }.validate().unwrap()
+}
+
+fn ids(instances: &[Instance]) -> Vec<String> {
+    instances.iter().map(|i| i.id.clone()).collect()
+}
+
+fn all(r: &Registry) -> Vec<String> {
+    ids(&r.list(&Filter::default()))
+}
+
+fn answerable_ids(r: &Registry, service: &str) -> Vec<String> {
+    let now = r.now();
+    r.view(service)
+        .map(|v| v.answerable(now).map(|m| m.id.to_string()).collect())
+        .unwrap_or_default()
+}
+
+fn view_ids(r: &Registry, service: &str) -> Vec<String> {
+    r.view(service).map(|v| v.members.iter().map(|m| m.id.to_string()).collect()).unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------------
+// Upsert (R2)
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn first_registration_is_created_and_stamped() {
+    let (r, clock) = registry(90 * SEC);
+    let got = r.register(spec("a", "voice")).unwrap();
+    assert!(got.created);
+    assert_eq!(got.instance.id, "a");
+    assert_eq!(got.instance.name, "voice");
+    assert_eq!(got.instance.registered_at, clock.now());
+    assert_eq!(got.instance.updated_at, clock.now());
+    assert_eq!(r.get("a").unwrap(), got.instance);
+    assert_eq!(r.len(), 1);
+}
+
+#[test]
+fn re_register_is_upsert_keeping_registered_at_and_replacing_mutable_fields() {
+    let (r, clock) = registry(90 * SEC);
+    let first = r.register(spec("a", "voice")).unwrap();
+    clock.advance(5 * SEC);
+    let mut metadata = BTreeMap::new();
+    metadata.insert("container".to_owned(), "voice-1".to_owned());
+    let second = r
+        .register(
+            Registration {
+                address: Some("10.0.0.2".into()),
+                port: Some(9090),
+                protocol: Some("udp".into()),
+                tags: Some(vec!["x=y".into()]),
+                metadata: Some(metadata.clone()),
+                weight: Some(7),
+                priority: Some(3),
+                healthy: Some(false),
+                ttl_ns: Some(42 * SEC.as_nanos() as i64),
+                ..reg("a", "voice")
+            }
+            .validate()
+            .unwrap(),
+        )
+        .unwrap();
+    assert!(!second.created, "re-registering a live id is not a creation");
+    let i = r.get("a").unwrap();
+    assert_eq!(i, second.instance);
+    assert_eq!(i.registered_at, first.instance.registered_at, "registered_at is kept");
+    assert_eq!(i.updated_at, clock.now(), "updated_at is the time of the re-registration");
+    assert_eq!(i.address, "10.0.0.2");
+    assert_eq!(i.port, 9090);
+    assert_eq!(i.protocol, "udp");
+    assert_eq!(i.tags, vec!["x=y".to_owned()]);
+    assert_eq!(i.metadata, metadata);
+    assert_eq!(i.weight, 7);
+    assert_eq!(i.priority, 3);
+    assert!(!i.healthy);
+    assert_eq!(i.ttl_ns, 42_000_000_000);
+    assert_eq!(r.len(), 1, "no duplicate entry");
+    assert_eq!(all(&r), vec!["a"]);
+
+    // And the fields are replaced, not merged: omitted optional fields go back to defaults.
+    clock.advance(SEC);
+    let third = r.register(spec("a", "voice")).unwrap();
+    assert!(!third.created);
+    let i = r.get("a").unwrap();
+    assert_eq!(i.tags, Vec::<String>::new());
+    assert!(i.metadata.is_empty());
+    assert_eq!((i.weight, i.priority, i.healthy, i.ttl_ns), (100, 10, true, 0));
+    assert_eq!(i.protocol, "tcp");
+    assert_eq!(i.registered_at, first.instance.registered_at);
+}
+
+#[test]
+fn re_register_renews_the_lease() {
+    let (r, clock) = registry(10 * SEC);
+    r.register(spec("a", "voice")).unwrap();
+    clock.advance(9 * SEC);
+    assert!(!r.register(spec("a", "voice")).unwrap().created);
+    clock.advance(9 * SEC); // 18s after the first registration, 9s after the second
+    assert!(r.get("a").is_some(), "re-registration renewed the lease");
+    clock.advance(SEC); // exactly 10s after the second
+    assert!(r.get("a").is_none());
+}
+
+// ---------------------------------------------------------------------------------------
+// Heartbeat and expiry (R3)
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn heartbeat_renews_the_lease_and_bumps_updated_at() {
+    let (r, clock) = registry(10 * SEC);
+    let first = r.register(spec("a", "voice")).unwrap().instance;
+    clock.advance(9 * SEC);
+    let beat = r.heartbeat("a").expect("live instance renews");
+    assert_eq!(beat.updated_at, clock.now());
+    assert_eq!(beat.registered_at, first.registered_at);
+    assert_eq!(r.get("a").unwrap().updated_at, clock.now());
+    clock.advance(9 * SEC);
+    assert!(r.get("a").is_some(), "still alive 18s after registration thanks to the heartbeat");
+    assert!(r.heartbeat("a").is_some());
+    clock.advance(10 * SEC - NS);
+    assert!(r.get("a").is_some());
+    clock.advance(NS);
+    assert!(r.get("a").is_none());
+}
+
+#[test]
+fn heartbeat_of_unknown_id_is_none() {
+    let (r, _) = registry(10 * SEC);
+    assert!(r.heartbeat("nope").is_none());
+    r.register(spec("a", "voice")).unwrap();
+    assert!(r.heartbeat("b").is_none());
+}
+
+#[test]
+fn lease_ends_exactly_at_updated_at_plus_ttl() {
+    let (r, clock) = registry(10 * SEC);
+    let start = clock.now();
+    r.register(spec("a", "voice")).unwrap();
+    let deadline = start + 10 * SEC.as_nanos() as i64;
+
+    clock.set(deadline - 1);
+    assert!(r.get("a").is_some(), "alive 1ns before the deadline");
+    assert_eq!(all(&r), vec!["a"]);
+    assert_eq!(answerable_ids(&r, "voice"), vec!["a"]);
+
+    clock.set(deadline);
+    assert!(r.get("a").is_none(), "dead exactly at the deadline");
+    assert!(all(&r).is_empty());
+    assert!(answerable_ids(&r, "voice").is_empty());
+    assert!(r.heartbeat("a").is_none(), "a heartbeat at the deadline is too late");
+}
+
+#[test]
+fn heartbeat_one_nanosecond_before_the_deadline_renews() {
+    let (r, clock) = registry(10 * SEC);
+    let start = clock.now();
+    r.register(spec("a", "voice")).unwrap();
+    let deadline = start + 10_000_000_000;
+    clock.set(deadline - 1);
+    assert!(r.heartbeat("a").is_some());
+    clock.set(deadline);
+    assert!(r.get("a").is_some());
+    assert_eq!(r.reap(), 0, "a renewed lease is not reaped at its old deadline");
+    clock.set(deadline - 1 + 10_000_000_000 - 1);
+    assert!(r.get("a").is_some());
+    clock.set(deadline - 1 + 10_000_000_000);
+    assert!(r.get("a").is_none());
+}
+
+#[test]
+fn default_ttl_is_used_when_ttl_ns_is_not_positive() {
+    for ttl_ns in [0, -1, -5_000_000_000, i64::MIN] {
+        let (r, clock) = registry(10 * SEC);
+        let start = clock.now();
+        let i = r.register(spec_ttl("a", "voice", ttl_ns)).unwrap().instance;
+        assert_eq!(i.ttl_ns, ttl_ns, "ttl_ns is stored as sent");
+        assert_eq!(r.effective_ttl(ttl_ns), 10_000_000_000);
+        clock.set(start + 10_000_000_000 - 1);
+        assert!(r.get("a").is_some(), "ttl_ns={ttl_ns}: alive before the default TTL");
+        clock.set(start + 10_000_000_000);
+        assert!(r.get("a").is_none(), "ttl_ns={ttl_ns}: dead at the default TTL");
+    }
+}
+
+#[test]
+fn omitted_ttl_ns_uses_the_default() {
+    let (r, clock) = registry(3 * SEC);
+    let i = r.register(spec("a", "voice")).unwrap().instance;
+    assert_eq!(i.ttl_ns, 0);
+    clock.advance(3 * SEC - NS);
+    assert!(r.get("a").is_some());
+    clock.advance(NS);
+    assert!(r.get("a").is_none());
+}
+
+#[test]
+fn default_ttl_zero_means_never_expire() {
+    let (r, clock) = registry(Duration::ZERO);
+    r.register(spec("static", "voice")).unwrap();
+    r.register(spec_ttl("neg", "voice", -1)).unwrap();
+    assert_eq!(r.leases.len(), 0, "a never-expiring lease is not in the expiry index");
+    clock.advance(Duration::from_secs(100 * 365 * 24 * 3600));
+    assert_eq!(all(&r), vec!["neg", "static"]);
+    assert_eq!(r.reap(), 0);
+    assert_eq!(all(&r), vec!["neg", "static"]);
+    assert!(r.heartbeat("static").is_some());
+    assert_eq!(answerable_ids(&r, "voice"), vec!["neg", "static"]);
+}
+
+#[test]
+fn per_instance_ttl_overrides_the_default() {
+    let (r, clock) = registry(10 * SEC);
+    let start = clock.now();
+    r.register(spec_ttl("short", "voice", 2_000_000_000)).unwrap();
+    r.register(spec_ttl("long", "voice", 30_000_000_000)).unwrap();
+    r.register(spec("default", "voice")).unwrap();
+
+    clock.set(start + 2_000_000_000 - 1);
+    assert_eq!(all(&r), vec!["default", "long", "short"]);
+    clock.set(start + 2_000_000_000);
+    assert_eq!(all(&r), vec!["default", "long"], "short lease ends before the default");
+    clock.set(start + 10_000_000_000);
+    assert_eq!(all(&r), vec!["long"], "long lease outlives the default");
+    clock.set(start + 30_000_000_000 - 1);
+    assert_eq!(all(&r), vec!["long"]);
+    clock.set(start + 30_000_000_000);
+    assert!(all(&r).is_empty());
+}
+
+#[test]
+fn per_instance_ttl_overrides_a_never_expiring_default() {
+    let (r, clock) = registry(Duration::ZERO);
+    r.register(spec_ttl("a", "voice", 1_000_000_000)).unwrap();
+    r.register(spec("b", "voice")).unwrap();
+    clock.advance(SEC);
+    assert_eq!(all(&r), vec!["b"]);
+    assert_eq!(r.reap(), 1);
+    assert_eq!(all(&r), vec!["b"]);
+}
+
+#[test]
+fn heartbeat_renews_by_the_instance_ttl() {
+    let (r, clock) = registry(10 * SEC);
+    r.register(spec_ttl("a", "voice", 2_000_000_000)).unwrap();
+    clock.advance(SEC);
+    let t = clock.now();
+    assert!(r.heartbeat("a").is_some());
+    clock.set(t + 2_000_000_000 - 1);
+    assert!(r.get("a").is_some());
+    clock.set(t + 2_000_000_000);
+    assert!(r.get("a").is_none(), "the renewal is by ttl_ns, not the default");
+}
+
+// ---------------------------------------------------------------------------------------
+// Reaper
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn reap_removes_expired_instances_and_returns_the_count() {
+    let (r, clock) = registry(10 * SEC);
+    r.register(spec("a", "voice")).unwrap();
+    r.register(spec("b", "voice")).unwrap();
+    r.register(spec("c", "chat")).unwrap();
+    r.register(spec_ttl("keep", "chat", 60_000_000_000)).unwrap();
+    assert_eq!(r.leases.len(), 4);
+
+    clock.advance(10 * SEC - NS);
+    assert_eq!(r.reap(), 0, "nothing is due 1ns before the deadline");
+    assert_eq!(r.len(), 4);
+
+    clock.advance(NS);
+    assert_eq!(r.reap(), 3);
+    assert_eq!(r.len(), 1);
+    assert_eq!(all(&r), vec!["keep"]);
+    for id in ["a", "b", "c"] {
+        assert!(r.get(id).is_none());
+        assert!(r.heartbeat(id).is_none());
+    }
+    assert_eq!(r.leases.len(), 1, "the reaped instances left the lease index");
+    assert!(r.view("voice").is_none(), "a service with no instance left has no view");
+    assert_eq!(view_ids(&r, "chat"), vec!["keep"]);
+    assert_eq!(r.reap(), 0, "a second sweep finds nothing");
+
+    clock.advance(60 * SEC);
+    assert_eq!(r.reap(), 1);
+    assert!(r.is_empty());
+    assert!(r.leases.is_empty(), "lease index emptied");
+    assert!(r.view("chat").is_none());
+}
+
+#[test]
+fn reap_spares_a_renewed_instance() {
+    let (r, clock) = registry(10 * SEC);
+    r.register(spec("a", "voice")).unwrap();
+    r.register(spec("b", "voice")).unwrap();
+    clock.advance(5 * SEC);
+    r.heartbeat("a").unwrap();
+    clock.advance(5 * SEC);
+    assert_eq!(r.reap(), 1);
+    assert_eq!(all(&r), vec!["a"]);
+    assert_eq!(r.leases.len(), 1);
+    clock.advance(5 * SEC);
+    assert_eq!(r.reap(), 1);
+    assert!(r.leases.is_empty());
+    assert!(r.is_empty());
+}
+
+#[test]
+fn deregister_removes_at_once_and_unknown_is_false() {
+    let (r, _) = registry(10 * SEC);
+    r.register(spec("a", "voice")).unwrap();
+    r.register(spec("b", "voice")).unwrap();
+    assert!(r.deregister("a").is_some());
+    assert_eq!(all(&r), vec!["b"]);
+    assert!(r.get("a").is_none());
+    assert!(r.heartbeat("a").is_none(), "a deregistered instance cannot be renewed");
+    assert_eq!(view_ids(&r, "voice"), vec!["b"]);
+    assert_eq!(r.leases.len(), 1);
+    assert!(r.deregister("a").is_none(), "second deregister: unknown");
+    assert!(r.deregister("zzz").is_none());
+    assert!(r.deregister("b").is_some());
+    assert!(r.is_empty());
+    assert!(r.leases.is_empty());
+    assert!(r.view("voice").is_none());
+}
+
+#[test]
+fn expired_but_unreaped_is_invisible() {
+    let (r, clock) = registry(10 * SEC);
+    r.register(spec("a", "voice")).unwrap();
+    r.register(spec_ttl("b", "voice", 60_000_000_000)).unwrap();
+    clock.advance(10 * SEC);
+    assert_eq!(r.len(), 2, "still stored: the reaper has not run");
+    assert_eq!(all(&r), vec!["b"], "not listed");
+    assert_eq!(ids(&r.list(&Filter { name: Some("voice".into()), healthy_only: false })), vec!["b"]);
+    assert_eq!(ids(&r.list(&Filter { name: None, healthy_only: true })), vec!["b"]);
+    assert!(r.get("a").is_none(), "not gettable");
+    assert!(r.heartbeat("a").is_none(), "not renewable");
+    assert!(r.get("a").is_none(), "the failed heartbeat did not resurrect it");
+    assert_eq!(answerable_ids(&r, "voice"), vec!["b"], "not answerable in DNS");
+    let view = r.view("voice").unwrap();
+    let a = view.members.iter().find(|m| &*m.id == "a").expect("still in the view until reaped");
+    assert!(!a.answerable(r.now()));
+
+    // Alone in its service: the service disappears from the names as well.
+    clock.advance(50 * SEC);
+    assert!(r.service_names(&Filter::default()).is_empty());
+    assert!(answerable_ids(&r, "voice").is_empty());
+}
+
+#[test]
+fn registration_after_expiry_is_a_new_registration() {
+    let (r, clock) = registry(10 * SEC);
+    let first = r.register(spec("a", "voice")).unwrap().instance;
+    clock.advance(10 * SEC);
+    // Not reaped yet.
+    let again = r.register(spec("a", "voice")).unwrap();
+    assert!(again.created, "registering an expired id is a creation");
+    assert_eq!(again.instance.registered_at, clock.now());
+    assert_ne!(again.instance.registered_at, first.registered_at);
+    assert_eq!(r.len(), 1);
+    assert_eq!(all(&r), vec!["a"]);
+    assert_eq!(answerable_ids(&r, "voice"), vec!["a"]);
+    assert!(r.heartbeat("a").is_some());
+    assert_eq!(r.reap(), 0, "the new lease is not reaped at the old deadline");
+    assert_eq!(all(&r), vec!["a"]);
+
+    // And after the reaper removed it.
+    clock.advance(10 * SEC);
+    assert_eq!(r.reap(), 1);
+    clock.advance(SEC);
+    let third = r.register(spec("a", "voice")).unwrap();
+    assert!(third.created);
+    assert_eq!(third.instance.registered_at, clock.now());
+    assert_eq!(r.leases.len(), 1);
+}
+
+#[test]
+fn expired_instance_cannot_be_deregistered() {
+    let (r, clock) = registry(10 * SEC);
+    r.register(spec("a", "voice")).unwrap();
+    clock.advance(10 * SEC);
+    assert!(r.deregister("a").is_none(), "an expired instance is unknown to a registrant");
+    assert!(r.is_empty(), "but it is removed all the same");
+    assert!(r.leases.is_empty());
+    assert_eq!(r.reap(), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// SOA serial
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn serial_grows_with_changes_but_not_with_a_no_op_re_register_or_heartbeat() {
+    let (r, clock) = registry(10 * SEC);
+    let s0 = r.serial();
+    r.register(spec("a", "voice")).unwrap();
+    let s1 = r.serial();
+    assert!(s1 > s0, "register bumps");
+
+    clock.advance(SEC);
+    r.register(spec("a", "voice")).unwrap();
+    assert_eq!(r.serial(), s1, "an identical re-register changes no answer");
+    r.heartbeat("a").unwrap();
+    assert_eq!(r.serial(), s1, "a heartbeat changes no answer");
+
+    r.register(Registration { port: Some(9999), ..reg("a", "voice") }.validate().unwrap()).unwrap();
+    let s2 = r.serial();
+    assert!(s2 > s1, "a re-register that changes the SRV bumps");
+
+    r.register(spec("b", "voice")).unwrap();
+    let s3 = r.serial();
+    assert!(s3 > s2);
+    assert!(r.deregister("b").is_some());
+    let s4 = r.serial();
+    assert!(s4 > s3, "deregister bumps");
+    assert!(r.deregister("b").is_none());
+    assert_eq!(r.serial(), s4, "a failed deregister changes nothing");
+
+    assert_eq!(r.reap(), 0);
+    assert_eq!(r.serial(), s4, "an empty sweep changes nothing");
+    clock.advance(10 * SEC);
+    assert_eq!(r.reap(), 1);
+    assert!(r.serial() > s4, "reap bumps");
+}
+
+#[test]
+fn serial_grows_when_an_expired_id_is_registered_again() {
+    let (r, clock) = registry(10 * SEC);
+    r.register(spec("a", "voice")).unwrap();
+    let s = r.serial();
+    clock.advance(10 * SEC);
+    assert!(r.register(spec("a", "voice")).unwrap().created);
+    assert!(r.serial() > s, "the instance is back in the answers");
+}
+
+// ---------------------------------------------------------------------------------------
+// Limits and renames
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn max_instances_refuses_new_ids_with_full() {
+    let (r, clock) = registry_max(10 * SEC, 2);
+    r.register(spec("a", "voice")).unwrap();
+    r.register(spec("b", "voice")).unwrap();
+    let serial = r.serial();
+    match r.register(spec("c", "voice")) {
+        Err(RegistryError::Full { max }) => assert_eq!(max, 2),
+        other => panic!("expected Full, got {other:?}"),
+    }
+    assert_eq!(r.len(), 2);
+    assert_eq!(all(&r), vec!["a", "b"], "the refused registration left nothing behind");
+    assert_eq!(r.serial(), serial);
+    assert!(r.get("c").is_none());
+
+    // Re-registering an existing id is not a new instance.
+    assert!(!r.register(spec("a", "voice")).unwrap().created);
+    // An expired-but-stored id can be registered again without room.
+    clock.advance(10 * SEC);
+    assert!(r.register(spec("a", "voice")).unwrap().created);
+
+    assert!(r.deregister("a").is_some());
+    assert!(r.register(spec("c", "voice")).unwrap().created, "room again after a deregister");
+    assert!(matches!(r.register(spec("d", "voice")), Err(RegistryError::Full { .. })));
+    assert_eq!(r.reap(), 1, "b expired");
+    assert!(r.register(spec("d", "voice")).unwrap().created, "room again after a reap");
+}
+
+#[test]
+fn re_registering_with_another_name_moves_the_instance() {
+    let (r, clock) = registry(10 * SEC);
+    r.register(spec("a", "voice")).unwrap();
+    r.register(spec("b", "voice")).unwrap();
+    let s = r.serial();
+    clock.advance(SEC);
+    let moved = r.register(spec("a", "chat")).unwrap();
+    assert!(!moved.created);
+    assert!(r.serial() > s, "a rename changes answers");
+    assert_eq!(view_ids(&r, "voice"), vec!["b"]);
+    assert_eq!(view_ids(&r, "chat"), vec!["a"]);
+    assert_eq!(answerable_ids(&r, "chat"), vec!["a"]);
+    assert_eq!(r.get("a").unwrap().name, "chat");
+    assert_eq!(ids(&r.list(&Filter { name: Some("voice".into()), healthy_only: false })), vec!["b"]);
+    assert_eq!(ids(&r.list(&Filter { name: Some("chat".into()), healthy_only: false })), vec!["a"]);
+    assert_eq!(r.service_names(&Filter::default()), vec!["chat", "voice"]);
+
+    // Moving the last instance of a service removes the service.
+    r.register(spec("b", "chat")).unwrap();
+    assert!(r.view("voice").is_none());
+    assert_eq!(r.service_names(&Filter::default()), vec!["chat"]);
+    assert_eq!(view_ids(&r, "chat"), vec!["a", "b"]);
+
+    // The moved instance's lease still works, and deregistering cleans the new view.
+    assert!(r.heartbeat("a").is_some());
+    assert!(r.deregister("a").is_some());
+    assert_eq!(view_ids(&r, "chat"), vec!["b"]);
+    clock.advance(10 * SEC);
+    assert_eq!(r.reap(), 1);
+    assert!(r.view("chat").is_none());
+}
+
+#[test]
+fn rename_of_an_expired_instance_leaves_no_ghost_in_the_old_view() {
+    let (r, clock) = registry(10 * SEC);
+    r.register(spec("a", "voice")).unwrap();
+    clock.advance(10 * SEC);
+    assert!(r.register(spec("a", "chat")).unwrap().created);
+    assert!(r.view("voice").is_none());
+    assert_eq!(view_ids(&r, "chat"), vec!["a"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Listings
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn list_is_sorted_by_name_then_id_and_filters() {
+    let (r, _) = registry(10 * SEC);
+    for (id, name) in [("z", "beta"), ("m", "alpha"), ("b", "beta"), ("a", "gamma"), ("c", "alpha")] {
+        r.register(spec(id, name)).unwrap();
+    }
+    r.register(Registration { healthy: Some(false), ..reg("sick", "delta") }.validate().unwrap()).unwrap();
+    r.register(Registration { healthy: Some(false), ..reg("d", "alpha") }.validate().unwrap()).unwrap();
+    let list = r.list(&Filter::default());
+    let pairs: Vec<(String, String)> = list.iter().map(|i| (i.name.clone(), i.id.clone())).collect();
+    let expect: Vec<(String, String)> = [
+        ("alpha", "c"),
+        ("alpha", "d"),
+        ("alpha", "m"),
+        ("beta", "b"),
+        ("beta", "z"),
+        ("delta", "sick"),
+        ("gamma", "a"),
+    ]
+    .iter()
+    .map(|(n, i)| (n.to_string(), i.to_string()))
+    .collect();
+    assert_eq!(pairs, expect);
+    assert_eq!(r.service_names(&Filter::default()), vec!["alpha", "beta", "delta", "gamma"]);
+    let healthy = Filter { name: None, healthy_only: true };
+    assert_eq!(ids(&r.list(&healthy)), vec!["c", "m", "b", "z", "a"]);
+    assert_eq!(r.service_names(&healthy), vec!["alpha", "beta", "gamma"], "delta has no healthy instance");
+    assert_eq!(ids(&r.list(&Filter { name: Some("alpha".into()), healthy_only: false })), vec!["c", "d", "m"]);
+    assert_eq!(ids(&r.list(&Filter { name: Some("alpha".into()), healthy_only: true })), vec!["c", "m"]);
+    assert!(r.list(&Filter { name: Some("nope".into()), healthy_only: false }).is_empty());
+    assert_eq!(answerable_ids(&r, "alpha"), vec!["c", "m"], "DNS answers healthy instances only");
+    assert!(answerable_ids(&r, "delta").is_empty());
+}
+
+// ---------------------------------------------------------------------------------------
+// Validation: "ServiceInstance on the wire"
+// ---------------------------------------------------------------------------------------
+
+fn base() -> Registration {
+    Registration {
+        name: Some("voice".into()),
+        address: Some("10.0.0.1".into()),
+        port: Some(5060),
+        ..Default::default()
+    }
+}
+
+#[track_caller]
+fn refused(r: Registration, field: &str) -> FieldError {
+    match r.validate() {
+        Ok(spec) => panic!("expected a failure naming {field}, got {spec:?}"),
+        Err(e) => {
+            assert_eq!(e.field, field, "wrong field in {e}");
+            assert!(!e.message.is_empty());
+            assert!(e.to_string().contains(field));
+            e
+        }
+    }
+}
+
+#[test]
+fn defaults_of_a_minimal_registration() {
+    let s = base().validate().unwrap();
+    assert_eq!(s.id, "voice-10.0.0.1-5060");
+    assert_eq!(s.name, "voice");
+    assert_eq!(s.address, "10.0.0.1");
+    assert_eq!(s.port, 5060);
+    assert_eq!(s.protocol, "tcp");
+    assert!(s.tags.is_empty());
+    assert!(s.metadata.is_empty());
+    assert_eq!(s.weight, 100);
+    assert_eq!(s.priority, 10);
+    assert!(s.healthy, "healthy defaults to true");
+    assert_eq!(s.ttl_ns, 0);
+}
+
+#[test]
+fn name_is_required() {
+    refused(Registration { name: None, ..base() }, "name");
+    refused(Registration { name: Some(String::new()), ..base() }, "name");
+}
+
+#[test]
+fn name_is_one_dns_label_of_at_most_63_characters() {
+    let n63 = "a".repeat(63);
+    assert_eq!(Registration { name: Some(n63.clone()), ..base() }.validate().unwrap().name, n63);
+    refused(Registration { name: Some("a".repeat(64)), ..base() }, "name");
+    assert_eq!(Registration { name: Some("a".into()), ..base() }.validate().unwrap().name, "a");
+    assert_eq!(Registration { name: Some("a-1-b".into()), ..base() }.validate().unwrap().name, "a-1-b");
+    assert_eq!(Registration { name: Some("9lives".into()), ..base() }.validate().unwrap().name, "9lives");
+    for bad in ["-voice", "voice-", "-", "voice.koder", "voice_1", "voi ce", "vöice", "_voice", "voice/1"] {
+        refused(Registration { name: Some(bad.into()), ..base() }, "name");
+    }
+}
+
+#[test]
+fn name_is_stored_lower_case() {
+    let s = Registration { name: Some("VoIcE".into()), ..base() }.validate().unwrap();
+    assert_eq!(s.name, "voice");
+    assert_eq!(s.id, "voice-10.0.0.1-5060", "the default id uses the stored name");
+    let (r, _) = registry(10 * SEC);
+    r.register(s).unwrap();
+    assert_eq!(r.service_names(&Filter::default()), vec!["voice"]);
+    assert!(r.view("voice").is_some());
+}
+
+#[test]
+fn address_is_required() {
+    refused(Registration { address: None, ..base() }, "address");
+    refused(Registration { address: Some(String::new()), ..base() }, "address");
+}
+
+#[test]
+fn address_accepts_ipv4_ipv6_and_host_names() {
+    let addr = |a: &str| Registration { address: Some(a.into()), ..base() }.validate().map(|s| s.address);
+    assert_eq!(addr("192.168.1.20").unwrap(), "192.168.1.20");
+    assert_eq!(addr("::1").unwrap(), "::1");
+    assert_eq!(addr("2001:db8::10").unwrap(), "2001:db8::10");
+    assert_eq!(addr("voice-1.internal.koder").unwrap(), "voice-1.internal.koder");
+    assert_eq!(addr("Voice-1.Internal.KODER").unwrap(), "voice-1.internal.koder", "host names are lower-case");
+    assert_eq!(addr("localhost").unwrap(), "localhost");
+}
+
+#[test]
+fn address_refuses_what_is_neither_ip_nor_host_name() {
+    for bad in [
+        "not an address",
+        "10.0.0.300",
+        "999.1.1.1",
+        "1.2.3",
+        "host_name.koder",
+        "-bad.koder",
+        "bad-.koder",
+        "a..b",
+        "http://10.0.0.1",
+        "10.0.0.1:80",
+        "2001:db8::zz",
+        "[::1]",
+    ] {
+        refused(Registration { address: Some(bad.into()), ..base() }, "address");
+    }
+    refused(Registration { address: Some(format!("{}.koder", "a".repeat(64))), ..base() }, "address");
+}
+
+#[test]
+fn port_is_required_and_between_1_and_65535() {
+    refused(Registration { port: None, ..base() }, "port");
+    refused(Registration { port: Some(0), ..base() }, "port");
+    refused(Registration { port: Some(-1), ..base() }, "port");
+    refused(Registration { port: Some(65536), ..base() }, "port");
+    refused(Registration { port: Some(i64::MAX), ..base() }, "port");
+    assert_eq!(Registration { port: Some(1), ..base() }.validate().unwrap().port, 1);
+    assert_eq!(Registration { port: Some(65535), ..base() }.validate().unwrap().port, 65535);
+}
+
+#[test]
+fn protocol_defaults_to_tcp_and_is_one_label_stored_lower_case() {
+    assert_eq!(Registration { protocol: None, ..base() }.validate().unwrap().protocol, "tcp");
+    assert_eq!(Registration { protocol: Some(String::new()), ..base() }.validate().unwrap().protocol, "tcp");
+    assert_eq!(Registration { protocol: Some("UDP".into()), ..base() }.validate().unwrap().protocol, "udp");
+    assert_eq!(Registration { protocol: Some("sctp".into()), ..base() }.validate().unwrap().protocol, "sctp");
+    for bad in ["_tcp", "t cp", "tcp.udp", "-tcp", "tcp-", &"t".repeat(64)] {
+        refused(Registration { protocol: Some(bad.to_string()), ..base() }, "protocol");
+    }
+}
+
+#[test]
+fn weight_and_priority_are_0_to_65535_with_defaults() {
+    let s = Registration { weight: Some(0), priority: Some(0), ..base() }.validate().unwrap();
+    assert_eq!((s.weight, s.priority), (0, 0));
+    let s = Registration { weight: Some(65535), priority: Some(65535), ..base() }.validate().unwrap();
+    assert_eq!((s.weight, s.priority), (65535, 65535));
+    for bad in [-1, 65536, i64::MIN] {
+        refused(Registration { weight: Some(bad), ..base() }, "weight");
+        refused(Registration { priority: Some(bad), ..base() }, "priority");
+    }
+}
+
+#[test]
+fn id_defaults_to_name_address_port() {
+    assert_eq!(base().validate().unwrap().id, "voice-10.0.0.1-5060");
+    let s = Registration { address: Some("2001:db8::1".into()), ..base() }.validate().unwrap();
+    assert_eq!(s.id, "voice-2001:db8::1-5060");
+    let s = Registration { address: Some("Host.Koder".into()), ..base() }.validate().unwrap();
+    assert_eq!(s.id, "voice-host.koder-5060");
+    let s = Registration { id: Some(String::new()), ..base() }.validate().unwrap();
+    assert_eq!(s.id, "voice-10.0.0.1-5060", "an empty id is an omitted one");
+    let s = Registration { id: Some("My Instance #1".into()), ..base() }.validate().unwrap();
+    assert_eq!(s.id, "My Instance #1", "an explicit id is kept as sent");
+}
+
+#[test]
+fn id_is_at_most_255_printable_characters() {
+    let s = Registration { id: Some("i".repeat(255)), ..base() }.validate().unwrap();
+    assert_eq!(s.id.len(), 255);
+    refused(Registration { id: Some("i".repeat(256)), ..base() }, "id");
+    refused(Registration { id: Some("bad\nid".into()), ..base() }, "id");
+    refused(Registration { id: Some("bad\u{0}id".into()), ..base() }, "id");
+    refused(Registration { id: Some("tab\tid".into()), ..base() }, "id");
+    // A default id can be too long as well: 63 + long host name.
+    let long_host = format!("{}.{}.{}.koder", "a".repeat(63), "b".repeat(63), "c".repeat(63));
+    refused(Registration { name: Some("n".repeat(63)), address: Some(long_host), ..base() }, "id");
+}
+
+#[test]
+fn healthy_defaults_to_true_and_false_is_kept() {
+    assert!(Registration { healthy: None, ..base() }.validate().unwrap().healthy);
+    assert!(Registration { healthy: Some(true), ..base() }.validate().unwrap().healthy);
+    assert!(!Registration { healthy: Some(false), ..base() }.validate().unwrap().healthy);
+}
+
+#[test]
+fn jet_domain_must_be_a_public_host_name() {
+    let with_meta = |d: &str| Registration {
+        metadata: Some(BTreeMap::from([("jet.domain".to_owned(), d.to_owned())])),
+        ..base()
+    };
+    let with_tag = |d: &str| Registration { tags: Some(vec![format!("jet.domain={d}")]), ..base() };
+    assert!(with_meta("voice.koder.dev").validate().is_ok());
+    assert!(with_meta("voice.koder.dev.").validate().is_ok());
+    assert!(with_tag("voice.koder.dev").validate().is_ok());
+    for bad in ["", "voice", "not a domain", "voice..koder.dev", "-voice.koder.dev", "voice.koder.dev/x", "10.0.0.1"] {
+        let e = with_meta(bad).validate().expect_err(bad);
+        assert!(e.field.contains("jet.domain"), "{e}");
+        let e = with_tag(bad).validate().expect_err(bad);
+        assert!(e.field.contains("jet.domain"), "{e}");
+    }
+}
+
+#[test]
+fn tags_and_metadata_are_kept() {
+    let s = Registration {
+        tags: Some(vec!["a".into(), "container=voice-1".into()]),
+        metadata: Some(BTreeMap::from([("service".to_owned(), "voice".to_owned())])),
+        ..base()
+    }
+    .validate()
+    .unwrap();
+    assert_eq!(s.tags, vec!["a".to_owned(), "container=voice-1".to_owned()]);
+    assert_eq!(s.metadata.get("service").map(String::as_str), Some("voice"));
 }
