@@ -9,7 +9,7 @@ use anyhow::Context;
 use hickory_server::Server;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::api::{self, AppState, auth};
 use crate::cli::ServeArgs;
@@ -115,9 +115,14 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         negative_ttl: config.negative_ttl.as_secs() as u32,
         ns_address: dns::ns_address(dns_addr),
     };
-    let mut dns_server = Server::new(Authority::new(answerer, static_zones));
+    let authority = Authority::new(answerer, static_zones);
+    let mut dns_server = Server::new(authority.clone());
     dns_server.register_socket(udp);
-    dns_server.register_listener(tcp, config.dns_tcp_idle_timeout, 64);
+    let limits = dns::tcp::Limits {
+        max_connections: config.dns_tcp_max_connections,
+        idle_timeout: config.dns_tcp_idle_timeout,
+    };
+    tasks.push(tokio::spawn(dns::tcp::serve(tcp, authority, limits, shutdown.clone())));
     let token = shutdown.clone();
     tasks.push(tokio::spawn(async move {
         token.cancelled().await;
@@ -130,14 +135,9 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         .await
         .with_context(|| format!("cannot listen for HTTP on {} (--http-listen)", config.http_listen))?;
     let http_addr = http.local_addr()?;
-    let router = api::router(AppState { store: store.clone() }, Arc::new(auth::ApiKeys::new(&keys)));
-    let token = shutdown.clone();
-    tasks.push(tokio::spawn(async move {
-        let serve = axum::serve(http, router).with_graceful_shutdown(token.cancelled_owned());
-        if let Err(e) = serve.await {
-            error!(error = %e, "HTTP server stopped with an error");
-        }
-    }));
+    let router = api::router(AppState { store: store.clone() }, Arc::new(auth::ApiKeys::new(&keys)), config.http_request_timeout);
+    let limits = api::serve::Limits { max_connections: config.http_max_connections, header_timeout: config.http_request_timeout };
+    tasks.push(tokio::spawn(api::serve::serve(http, router, limits, shutdown.clone())));
 
     tasks.push(tokio::spawn(registry::reaper::run(registry.clone(), config.reaper_interval, shutdown.clone())));
     let health = health::Settings {

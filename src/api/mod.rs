@@ -4,12 +4,16 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod export;
+pub mod serve;
 pub mod services;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 
@@ -22,7 +26,20 @@ pub struct AppState {
     pub store: Arc<Store>,
 }
 
-pub fn router(state: AppState, keys: Arc<ApiKeys>) -> Router {
+/// Answers 408 (as JSON) when a request, body included, takes longer than `limit`.
+async fn deadline(State(limit): State<Duration>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!("the request was not completed within {limit:?}"),
+        )
+        .into_response(),
+    }
+}
+
+pub fn router(state: AppState, keys: Arc<ApiKeys>, request_timeout: Duration) -> Router {
     let api = Router::new()
         .route("/services", get(services::list))
         .route("/services/register", post(services::register))
@@ -40,5 +57,6 @@ pub fn router(state: AppState, keys: Arc<ApiKeys>) -> Router {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
         })
         .layer(DefaultBodyLimit::max(body::MAX_BODY))
+        .layer(axum::middleware::from_fn_with_state(request_timeout, deadline))
         .with_state(state)
 }

@@ -33,7 +33,9 @@ impl IdBody {
 /// R2: upsert; `created` only on the first registration of a live id.
 pub async fn register(State(app): State<AppState>, JsonBody(body): JsonBody<Registration>) -> Result<Json<RegisterResponse>, ApiError> {
     let spec = body.validate()?;
-    let registered = app.store.register(spec).await?;
+    // Run to completion even if the client goes away: a change is committed or undone whole.
+    let store = app.store.clone();
+    let registered = tokio::spawn(async move { store.register(spec).await }).await.expect("register does not panic")?;
     Ok(Json(RegisterResponse { id: registered.instance.id, created: registered.created }))
 }
 
@@ -48,7 +50,8 @@ pub async fn heartbeat(State(app): State<AppState>, JsonBody(body): JsonBody<IdB
 /// R4: removes at once; 404 when unknown.
 pub async fn deregister(State(app): State<AppState>, JsonBody(body): JsonBody<IdBody>) -> Result<Json<Value>, ApiError> {
     let id = body.id()?;
-    if app.store.deregister(&id).await? {
+    let (store, key) = (app.store.clone(), id.clone());
+    if tokio::spawn(async move { store.deregister(&key).await }).await.expect("deregister does not panic")? {
         Ok(Json(json!({ "id": id, "deregistered": true })))
     } else {
         Err(ApiError::not_found(format!("instance {id:?} is not registered")))

@@ -3,9 +3,11 @@
 
 pub mod answer;
 pub mod records;
+pub mod tcp;
 pub mod zones;
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode};
 use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
@@ -24,14 +26,19 @@ pub const MAX_UDP_PAYLOAD: u16 = 4096;
 /// Size of the OPT record we attach when the client used EDNS (no options).
 const OPT_LEN: usize = 11;
 
-pub struct Authority {
+/// The request handler for every zone we serve; cheap to clone, so the UDP server and the
+/// TCP listener share one.
+#[derive(Clone)]
+pub struct Authority(Arc<Zones>);
+
+struct Zones {
     zone: ZoneAnswerer,
     static_zones: Catalog,
 }
 
 impl Authority {
     pub fn new(zone: ZoneAnswerer, static_zones: Catalog) -> Self {
-        Self { zone, static_zones }
+        Self(Arc::new(Zones { zone, static_zones }))
     }
 }
 
@@ -76,6 +83,7 @@ fn fit(request: &Request, answers: &[Record], authorities: &[Record], additional
 #[async_trait::async_trait]
 impl RequestHandler for Authority {
     async fn handle_request<R: ResponseHandler, T: Time>(&self, request: &Request, response: R) -> ResponseInfo {
+        let this = &self.0;
         let mut meta = Metadata::response_from_request(&request.metadata);
         let resp_edns = request.edns.as_ref().map(|e| {
             let mut edns = Edns::new();
@@ -100,8 +108,8 @@ impl RequestHandler for Authority {
             return send(response, builder.error_msg(&request.metadata, code)).await;
         }
         let query = &queries[0];
-        if !self.zone.registry.zone().origin_lower.zone_of(query.name()) {
-            return self.static_zones.handle_request::<R, T>(request, response).await;
+        if !this.zone.registry.zone().origin_lower.zone_of(query.name()) {
+            return this.static_zones.handle_request::<R, T>(request, response).await;
         }
         meta.authoritative = true;
         let qtype = query.query_type();
@@ -109,12 +117,12 @@ impl RequestHandler for Authority {
             meta.response_code = ResponseCode::Refused;
             return send(response, builder.build_no_records(meta)).await;
         }
-        let (mut answers, mut additionals, soa) = match self.zone.answer(query.name(), query.original().name(), qtype) {
+        let (mut answers, mut additionals, soa) = match this.zone.answer(query.name(), query.original().name(), qtype) {
             Answer::Records { answers, additionals } => (answers, additionals, None),
-            Answer::NoData => (vec![], vec![], Some(self.zone.soa())),
+            Answer::NoData => (vec![], vec![], Some(this.zone.soa())),
             Answer::NxDomain => {
                 meta.response_code = ResponseCode::NXDomain;
-                (vec![], vec![], Some(self.zone.soa()))
+                (vec![], vec![], Some(this.zone.soa()))
             }
         };
         let limit = match request.protocol() {

@@ -1,0 +1,128 @@
+//! DNS over TCP with a bound on open connections and an idle timeout. hickory's own TCP
+//! listener spawns a task per connection without limit, so we accept here and feed each
+//! framed message to the same [`Authority`] the UDP server uses.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::Record;
+use hickory_proto::serialize::binary::BinEncoder;
+use hickory_server::net::NetError;
+use hickory_server::net::runtime::TokioTime;
+use hickory_server::net::xfer::Protocol;
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::zone_handler::MessageResponse;
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::debug;
+
+use super::Authority;
+
+/// Collects the one response the handler sends for a request.
+#[derive(Clone, Default)]
+struct Reply(Arc<Mutex<Option<Vec<u8>>>>);
+
+#[async_trait::async_trait]
+impl ResponseHandler for Reply {
+    async fn send_response<'a>(
+        &mut self,
+        response: MessageResponse<
+            '_,
+            'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+        >,
+    ) -> Result<ResponseInfo, NetError> {
+        let mut bytes = Vec::with_capacity(512);
+        let mut encoder = BinEncoder::new(&mut bytes);
+        encoder.set_max_size(u16::MAX);
+        let info = response.destructive_emit(&mut encoder)?;
+        *self.0.lock() = Some(bytes);
+        Ok(info)
+    }
+}
+
+pub struct Limits {
+    pub max_connections: usize,
+    /// Closes a connection that sends nothing for this long.
+    pub idle_timeout: Duration,
+}
+
+/// Accepts until `shutdown`; connections beyond the limit wait in the listen backlog.
+pub async fn serve(listener: TcpListener, authority: Authority, limits: Limits, shutdown: CancellationToken) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let connections = TaskTracker::new();
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+        };
+        let (stream, src) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    debug!(%error, "DNS TCP accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let authority = authority.clone();
+        let shutdown = shutdown.clone();
+        let idle = limits.idle_timeout;
+        connections.spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = connection(stream, src, authority, idle) => {}
+            }
+            drop(permit);
+        });
+    }
+    connections.close();
+    connections.wait().await;
+}
+
+/// Answers framed messages one after another until the client goes quiet or misbehaves.
+async fn connection(mut stream: TcpStream, src: SocketAddr, authority: Authority, idle: Duration) {
+    let _ = stream.set_nodelay(true);
+    loop {
+        let read = async {
+            let mut len = [0u8; 2];
+            stream.read_exact(&mut len).await?;
+            let mut message = vec![0u8; u16::from_be_bytes(len) as usize];
+            stream.read_exact(&mut message).await?;
+            std::io::Result::Ok(message)
+        };
+        let Ok(Ok(message)) = tokio::time::timeout(idle, read).await else { return };
+        let reply = match message.get(..2).map(|id| u16::from_be_bytes([id[0], id[1]])) {
+            None => return,
+            Some(id) => match Request::from_bytes(message, src, Protocol::Tcp) {
+                Ok(request) if request.metadata.message_type == MessageType::Response => continue,
+                Ok(request) => {
+                    let reply = Reply::default();
+                    authority.handle_request::<_, TokioTime>(&request, reply.clone()).await;
+                    reply.0.lock().take()
+                }
+                // Undecodable: say so rather than leave the client waiting.
+                Err(_) => Message::error_msg(id, OpCode::Query, ResponseCode::FormErr).to_vec().ok(),
+            },
+        };
+        let Some(reply) = reply else { continue };
+        let write = async {
+            stream.write_all(&(reply.len() as u16).to_be_bytes()).await?;
+            stream.write_all(&reply).await
+        };
+        if !matches!(tokio::time::timeout(idle, write).await, Ok(Ok(()))) {
+            return;
+        }
+    }
+}
