@@ -50,6 +50,21 @@ impl ResponseHandler for Reply {
     }
 }
 
+/// Answers one raw DNS message the way the servers do: responses (QR=1) get no reply,
+/// undecodable messages with an id get FORMERR, others whatever the authority says.
+pub async fn handle_bytes(authority: &Authority, message: Vec<u8>, src: SocketAddr, protocol: Protocol) -> Option<Vec<u8>> {
+    let id = u16::from_be_bytes([*message.first()?, *message.get(1)?]);
+    match Request::from_bytes(message, src, protocol) {
+        Ok(request) if request.metadata.message_type == MessageType::Response => None,
+        Ok(request) => {
+            let reply = Reply::default();
+            authority.handle_request::<_, TokioTime>(&request, reply.clone()).await;
+            reply.0.lock().take()
+        }
+        Err(_) => Message::error_msg(id, OpCode::Query, ResponseCode::FormErr).to_vec().ok(),
+    }
+}
+
 pub struct Limits {
     pub max_connections: usize,
     /// Closes a connection that sends nothing for this long.
@@ -103,20 +118,10 @@ async fn connection(mut stream: TcpStream, src: SocketAddr, authority: Authority
             std::io::Result::Ok(message)
         };
         let Ok(Ok(message)) = tokio::time::timeout(idle, read).await else { return };
-        let reply = match message.get(..2).map(|id| u16::from_be_bytes([id[0], id[1]])) {
-            None => return,
-            Some(id) => match Request::from_bytes(message, src, Protocol::Tcp) {
-                Ok(request) if request.metadata.message_type == MessageType::Response => continue,
-                Ok(request) => {
-                    let reply = Reply::default();
-                    authority.handle_request::<_, TokioTime>(&request, reply.clone()).await;
-                    reply.0.lock().take()
-                }
-                // Undecodable: say so rather than leave the client waiting.
-                Err(_) => Message::error_msg(id, OpCode::Query, ResponseCode::FormErr).to_vec().ok(),
-            },
-        };
-        let Some(reply) = reply else { continue };
+        if message.len() < 2 {
+            return;
+        }
+        let Some(reply) = handle_bytes(&authority, message, src, Protocol::Tcp).await else { continue };
         let write = async {
             stream.write_all(&(reply.len() as u16).to_be_bytes()).await?;
             stream.write_all(&reply).await
