@@ -13,6 +13,9 @@ pub const DEFAULT_WEIGHT: u16 = 100;
 pub const DEFAULT_PRIORITY: u16 = 10;
 pub const MAX_ID_LEN: usize = 255;
 
+/// Service names that would shadow the zone's own names (`ns.<zone>`, `addr.<zone>`).
+pub const RESERVED_NAMES: [&str; 2] = ["ns", "addr"];
+
 /// Metadata key (or `key=value` tag) that opts an instance into edge routing (R5).
 pub const JET_DOMAIN: &str = "jet.domain";
 
@@ -169,6 +172,12 @@ impl Registration {
             ));
         }
         let name = name.to_ascii_lowercase();
+        if RESERVED_NAMES.contains(&name.as_str()) {
+            return Err(FieldError::new(
+                "name",
+                format!("{name:?} is reserved: <{name}>.<zone> names the zone's own records; choose another name"),
+            ));
+        }
 
         let address = self.address.filter(|a| !a.is_empty()).ok_or_else(|| FieldError::new("address", "is required"))?;
         let address = match parse_address(&address) {
