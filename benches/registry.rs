@@ -1,0 +1,76 @@
+//! Registry operations at 1k and 100k instances: register (new and refresh), heartbeat.
+
+use std::sync::Arc;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use koder_dns::dns::records::ZoneNames;
+use koder_dns::health::CheckKind;
+use koder_dns::registry::clock::SystemClock;
+use koder_dns::registry::instance::{Registration, Spec};
+use koder_dns::registry::{Registry, Settings};
+
+pub fn spec(service: usize, instance: usize) -> Spec {
+    Registration {
+        name: Some(format!("svc{service}")),
+        address: Some(format!("10.{}.{}.{}", service / 250 % 250, service % 250, instance % 250 + 1)),
+        port: Some(8000 + instance as i64),
+        ..Default::default()
+    }
+    .validate()
+    .unwrap()
+}
+
+/// `total` instances spread over services of 5.
+fn populated(total: usize) -> Registry {
+    let settings = Settings {
+        default_ttl: 90_000_000_000,
+        max_instances: 1_000_000,
+        default_check: CheckKind::None,
+        zone: ZoneNames::new("service.koder").unwrap(),
+    };
+    let registry = Registry::new(settings, Arc::new(SystemClock));
+    for i in 0..total {
+        registry.register(spec(i / 5, i % 5)).unwrap();
+    }
+    registry
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("registry");
+    for total in [1_000, 100_000] {
+        let registry = populated(total);
+        let ids: Vec<String> = (0..total).map(|i| spec(i / 5, i % 5).id).collect();
+        let mut n = 0;
+        group.bench_function(BenchmarkId::new("heartbeat", total), |b| {
+            b.iter(|| {
+                n = (n + 1) % total;
+                registry.heartbeat(&ids[n]).unwrap()
+            })
+        });
+        group.bench_function(BenchmarkId::new("register_refresh", total), |b| {
+            b.iter_batched(
+                || {
+                    n = (n + 1) % total;
+                    spec(n / 5, n % 5)
+                },
+                |s| registry.register(s).unwrap(),
+                criterion::BatchSize::SmallInput,
+            )
+        });
+        let mut fresh = 0;
+        group.bench_function(BenchmarkId::new("register_new", total), |b| {
+            b.iter_batched(
+                || {
+                    fresh += 1;
+                    spec(1_000_000 + fresh / 5, fresh % 5)
+                },
+                |s| registry.register(s).unwrap(),
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
