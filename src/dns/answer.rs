@@ -151,8 +151,8 @@ impl ZoneAnswerer {
                 let mut seen = HashSet::new();
                 let additionals = members
                     .iter()
+                    .filter(|m| m.records.ip.is_some_and(|ip| seen.insert(ip)))
                     .filter_map(|m| m.records.glue.as_ref())
-                    .filter(|(name, _)| seen.insert(name.clone()))
                     .map(|(name, rd)| Record::from_rdata(name.clone(), ttl, rd.clone()))
                     .collect();
                 let answers = records(owner, ttl, members.iter().map(|m| m.records.srv.clone()));
