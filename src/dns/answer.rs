@@ -82,34 +82,32 @@ impl ZoneAnswerer {
                     _ => Answer::NoData,
                 },
             },
+            // `_<protocol>.<zone>`: the empty non-terminal above `_<name>._<protocol>.<zone>`.
+            [label] if label.starts_with(b"_") => match std::str::from_utf8(&label[1..]) {
+                Ok(protocol) if self.registry.protocol_answerable(protocol, now) => Answer::NoData,
+                _ => Answer::NxDomain,
+            },
             [service] => self.service_answer(service, None, owner, qtype, now),
             [service, protocol] => match (service.strip_prefix(b"_"), protocol.strip_prefix(b"_")) {
                 (Some(service), Some(protocol)) => self.service_answer(service, Some(protocol), owner, qtype, now),
                 _ => Answer::NxDomain,
             },
-            // `_<name>.<zone>` is the empty non-terminal above `_<name>._<protocol>.<zone>`.
             [..] => Answer::NxDomain,
         }
-        .or_ent(labels.as_slice(), |service| self.has_answerable(service, now))
     }
 
     fn soa_as(&self, owner: &Name) -> Record {
-        let soa = self.registry.zone().soa(self.registry.serial(), self.negative_ttl);
+        let soa = self.registry.zone().soa(self.registry.current_serial(), self.negative_ttl);
         Record::from_rdata(owner.clone(), soa.ttl, soa.data)
     }
 
     /// The zone's SOA for the authority section of negative answers.
     pub fn soa(&self) -> Record {
-        self.registry.zone().soa(self.registry.serial(), self.negative_ttl)
+        self.registry.zone().soa(self.registry.current_serial(), self.negative_ttl)
     }
 
     fn address_answer(&self, owner: &Name, ip: IpAddr) -> Answer {
         Answer::Records { answers: vec![Record::from_rdata(owner.clone(), NS_TTL, address_rdata(ip))], additionals: vec![] }
-    }
-
-    fn has_answerable(&self, service: &[u8], now: i64) -> bool {
-        let Ok(service) = std::str::from_utf8(service) else { return false };
-        self.registry.view(service).is_some_and(|v| v.answerable(now).next().is_some())
     }
 
     /// The members of a service that DNS may hand out, shuffled so load spreads, and the
@@ -172,15 +170,5 @@ impl ZoneAnswerer {
             _ => Vec::new(),
         };
         if answers.is_empty() { Answer::NoData } else { Answer::Records { answers, additionals: vec![] } }
-    }
-}
-
-impl Answer {
-    /// `_<name>.<zone>` exists (NODATA, not NXDOMAIN) while `_<name>._<protocol>` does.
-    fn or_ent(self, labels: &[&[u8]], has_answerable: impl Fn(&[u8]) -> bool) -> Self {
-        match (self, labels) {
-            (Answer::NxDomain, [service]) if service.starts_with(b"_") && has_answerable(&service[1..]) => Answer::NoData,
-            (answer, _) => answer,
-        }
     }
 }

@@ -60,8 +60,8 @@ fn rdata_upper(rdata: &RData) -> usize {
 /// trial for the common small answer.
 fn fit(request: &Request, answers: &[Record], authorities: &[Record], additionals: &[Record], limit: usize, opt: usize) -> (usize, usize) {
     let upper = |r: &Record| r.name.len() + 11 + rdata_upper(&r.data);
-    let query_len: usize = request.queries.queries().iter().map(|q| q.original().name().len() + 5).sum();
-    let bound = 12 + query_len + opt + answers.iter().chain(authorities).chain(additionals).map(upper).sum::<usize>();
+    let question = request.queries.as_bytes();
+    let bound = 12 + question.len() + opt + answers.iter().chain(authorities).chain(additionals).map(upper).sum::<usize>();
     if bound <= limit {
         return (answers.len(), additionals.len());
     }
@@ -69,10 +69,9 @@ fn fit(request: &Request, answers: &[Record], authorities: &[Record], additional
     let mut enc = BinEncoder::new(&mut buf);
     let budget = limit - opt;
     let fits = |enc: &mut BinEncoder<'_>, r: &Record| r.emit(enc).is_ok() && enc.len() <= budget;
+    // hickory copies the question as the client sent it, so no later name can point into it.
     let _ = enc.emit_vec(&[0; 12]);
-    for q in request.queries.queries() {
-        let _ = q.original().emit(&mut enc);
-    }
+    let _ = enc.emit_vec(question);
     let n_answers = answers.iter().take_while(|r| fits(&mut enc, r)).count();
     if n_answers < answers.len() || !authorities.iter().all(|r| fits(&mut enc, r)) {
         return (n_answers, 0);

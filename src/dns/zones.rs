@@ -35,9 +35,13 @@ pub fn load(dir: &Path, service_zone: &Name) -> anyhow::Result<Catalog> {
         let origin = Name::from_ascii(format!("{stem}."))
             .with_context(|| format!("{}: the file name does not give a zone origin", path.display()))?;
         let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        let (origin, records) = Parser::new(text, Some(path.clone()), Some(origin))
-            .parse()
-            .map_err(|e| anyhow::anyhow!("zone file {}: {e}", path.display()))?;
+        let (origin, records) = match Parser::new(text.as_str(), Some(path.clone()), Some(origin.clone())).parse() {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                let line = error_line(&text, &path, &origin, &e.to_string());
+                bail!("zone file {}:{line}: {e}", path.display());
+            }
+        };
         let origin = origin.to_lowercase();
         if origin == *service_zone {
             bail!("zone file {} is for {origin}, the service zone itself; remove it or change --domain", path.display());
@@ -49,4 +53,24 @@ pub fn load(dir: &Path, service_zone: &Name) -> anyhow::Result<Catalog> {
         catalog.upsert(LowerName::new(&origin), vec![Arc::new(handler)]);
     }
     Ok(catalog)
+}
+
+/// The line a parse error comes from. hickory's parser does not say, so find the shortest
+/// prefix of the file that fails with the same error: once the bad line is in, every longer
+/// prefix fails with it too, which makes the search a bisection.
+fn error_line(text: &str, path: &Path, origin: &Name, error: &str) -> usize {
+    let lines: Vec<&str> = text.lines().collect();
+    let fails_at = |n: usize| {
+        let prefix = lines[..n].join("\n");
+        Parser::new(prefix, Some(path.to_owned()), Some(origin.clone())).parse().is_err_and(|e| e.to_string() == error)
+    };
+    let (mut low, mut high) = (1, lines.len().max(1));
+    if !fails_at(high) {
+        return high;
+    }
+    while low < high {
+        let mid = (low + high) / 2;
+        if fails_at(mid) { high = mid } else { low = mid + 1 }
+    }
+    low
 }

@@ -46,36 +46,60 @@ impl Lease {
 /// Ordered `(deadline, id)` pairs, so the reaper touches only what is due instead of
 /// scanning every instance. A BTreeSet under one mutex costs O(log n) per renewal, about a
 /// microsecond at 100k instances, and keeps exactly one entry per leased instance.
-#[derive(Default)]
-pub struct LeaseIndex(Mutex<BTreeSet<(Nanos, Arc<str>)>>);
+pub struct LeaseIndex {
+    set: Mutex<BTreeSet<(Nanos, Arc<str>)>>,
+    /// The first deadline in `set`, readable without the lock: lets readers see in one atomic
+    /// load whether anything has expired.
+    earliest: AtomicI64,
+}
+
+impl Default for LeaseIndex {
+    fn default() -> Self {
+        Self { set: Mutex::default(), earliest: AtomicI64::new(NEVER) }
+    }
+}
 
 impl LeaseIndex {
+    fn update_earliest(&self, set: &BTreeSet<(Nanos, Arc<str>)>) {
+        self.earliest.store(set.first().map_or(NEVER, |(d, _)| *d), Ordering::Release);
+    }
+
     /// Moves `id` from `old` to `new`; either may be [`NEVER`] (not indexed).
     pub fn reschedule(&self, id: &Arc<str>, old: Option<Nanos>, new: Nanos) {
-        let mut set = self.0.lock();
+        let mut set = self.set.lock();
         if let Some(old) = old.filter(|&d| d != NEVER) {
             set.remove(&(old, id.clone()));
         }
         if new != NEVER {
             set.insert((new, id.clone()));
         }
+        self.update_earliest(&set);
     }
 
     pub fn remove(&self, id: &Arc<str>, deadline: Nanos) {
         if deadline != NEVER {
-            self.0.lock().remove(&(deadline, id.clone()));
+            let mut set = self.set.lock();
+            set.remove(&(deadline, id.clone()));
+            self.update_earliest(&set);
         }
     }
 
     /// Takes every entry due at `now` out of the index.
     pub fn take_due(&self, now: Nanos) -> Vec<Arc<str>> {
-        let mut set = self.0.lock();
+        let mut set = self.set.lock();
         let rest = set.split_off(&(now.saturating_add(1), Arc::from("")));
-        std::mem::replace(&mut *set, rest).into_iter().map(|(_, id)| id).collect()
+        let due = std::mem::replace(&mut *set, rest);
+        self.update_earliest(&set);
+        due.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// Whether some lease has ended by `now`.
+    pub fn any_due(&self, now: Nanos) -> bool {
+        self.earliest.load(Ordering::Acquire) <= now
     }
 
     pub fn len(&self) -> usize {
-        self.0.lock().len()
+        self.set.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -93,6 +93,8 @@ struct Entry {
 pub struct Registry {
     instances: DashMap<Arc<str>, Entry>,
     services: DashMap<String, Arc<ServiceView>>,
+    /// protocol → service → members of that protocol, for `_<protocol>.<zone>`.
+    protocols: DashMap<String, std::collections::HashMap<String, usize>>,
     leases: LeaseIndex,
     count: AtomicUsize,
     serial: AtomicU32,
@@ -109,6 +111,7 @@ impl Registry {
         Self {
             instances: DashMap::new(),
             services: DashMap::new(),
+            protocols: DashMap::new(),
             leases: LeaseIndex::default(),
             count: AtomicUsize::new(0),
             serial: AtomicU32::new(serial),
@@ -134,6 +137,16 @@ impl Registry {
     /// The SOA serial: grows with every change that alters a DNS answer.
     pub fn serial(&self) -> u32 {
         self.serial.load(Ordering::Acquire)
+    }
+
+    /// The serial as of now: leases that have ended are reaped first, so the serial moves
+    /// at the instant of expiry rather than at the next sweep. One atomic load when nothing
+    /// is due.
+    pub fn current_serial(&self) -> u32 {
+        if self.leases.any_due(self.clock.now()) {
+            self.reap();
+        }
+        self.serial()
     }
 
     /// Stored instances, including expired ones the reaper has not removed yet.
@@ -187,19 +200,64 @@ impl Registry {
     }
 
     fn put_member(&self, service: &str, member: Arc<Member>) {
-        let mut view = self.services.entry(service.to_owned()).or_default();
-        *view = Arc::new(view.with(member));
+        let replaced = {
+            let mut view = self.services.entry(service.to_owned()).or_default();
+            let (next, replaced) = view.with(member.clone());
+            *view = Arc::new(next);
+            replaced
+        };
+        if replaced.as_ref().map(|m| &m.protocol) != Some(&member.protocol) {
+            if let Some(old) = replaced {
+                self.count_protocol(&old.protocol, service, false);
+            }
+            self.count_protocol(&member.protocol, service, true);
+        }
     }
 
     fn remove_member(&self, service: &str, id: &str) {
-        if let MapEntry::Occupied(mut view) = self.services.entry(service.to_owned()) {
-            let rest = view.get().without(id);
-            if rest.members.is_empty() {
-                view.remove();
-            } else {
-                view.insert(Arc::new(rest));
+        let removed = match self.services.entry(service.to_owned()) {
+            MapEntry::Occupied(mut view) => {
+                let (rest, removed) = view.get().without(id);
+                if rest.members.is_empty() {
+                    view.remove();
+                } else {
+                    view.insert(Arc::new(rest));
+                }
+                removed
+            }
+            MapEntry::Vacant(_) => None,
+        };
+        if let Some(member) = removed {
+            self.count_protocol(&member.protocol, service, false);
+        }
+    }
+
+    /// Keeps `protocols` in step with the views. Never called while a view entry is locked,
+    /// so readers may hold a protocol entry while they look views up.
+    fn count_protocol(&self, protocol: &str, service: &str, add: bool) {
+        if add {
+            *self.protocols.entry(protocol.to_owned()).or_default().entry(service.to_owned()).or_default() += 1;
+        } else if let MapEntry::Occupied(mut services) = self.protocols.entry(protocol.to_owned()) {
+            if let Some(count) = services.get_mut().get_mut(service) {
+                *count -= 1;
+                if *count == 0 {
+                    services.get_mut().remove(service);
+                }
+            }
+            if services.get().is_empty() {
+                services.remove();
             }
         }
+    }
+
+    /// Whether any service has an answerable instance of `protocol`: then
+    /// `_<protocol>.<zone>` exists as an empty non-terminal.
+    pub fn protocol_answerable(&self, protocol: &str, now: Nanos) -> bool {
+        self.protocols.get(protocol).is_some_and(|services| {
+            services.keys().any(|service| {
+                self.view(service).is_some_and(|v| v.answerable(now).any(|m| m.protocol == protocol))
+            })
+        })
     }
 
     /// R2: an idempotent upsert. Re-registering a live id keeps `registered_at` and, when

@@ -40,19 +40,23 @@ impl ServiceView {
         self.members.iter().filter(move |m| m.answerable(now))
     }
 
-    /// A copy with `member` put in place of any member of the same id.
-    pub(super) fn with(&self, member: Arc<Member>) -> Self {
+    /// A copy with `member` put in place of any member of the same id, and that member.
+    pub(super) fn with(&self, member: Arc<Member>) -> (Self, Option<Arc<Member>>) {
         let mut members = self.members.clone();
-        match members.binary_search_by(|m| m.id.cmp(&member.id)) {
-            Ok(i) => members[i] = member,
-            Err(i) => members.insert(i, member),
-        }
-        Self { members }
+        let replaced = match members.binary_search_by(|m| m.id.cmp(&member.id)) {
+            Ok(i) => Some(std::mem::replace(&mut members[i], member)),
+            Err(i) => {
+                members.insert(i, member);
+                None
+            }
+        };
+        (Self { members }, replaced)
     }
 
-    /// A copy without the member `id`.
-    pub(super) fn without(&self, id: &str) -> Self {
-        let members = self.members.iter().filter(|m| &*m.id != id).cloned().collect();
-        Self { members }
+    /// A copy without the member `id`, and that member.
+    pub(super) fn without(&self, id: &str) -> (Self, Option<Arc<Member>>) {
+        let mut members = self.members.clone();
+        let removed = members.binary_search_by(|m| (*m.id).cmp(id)).ok().map(|i| members.remove(i));
+        (Self { members }, removed)
     }
 }
