@@ -3,27 +3,45 @@
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
 pub const MAX_BODY: usize = 64 * 1024;
 
+fn too_large() -> ApiError {
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("request bodies are limited to {MAX_BODY} bytes"))
+}
+
+/// The raw body, at most [`MAX_BODY`] bytes. A declared `Content-Length` over the limit is
+/// refused before anything is read, so a client cannot make us wait for a body we would
+/// refuse anyway.
+pub struct LimitedBody(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for LimitedBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > MAX_BODY as u64) {
+            return Err(too_large());
+        }
+        Bytes::from_request(req, state).await.map(LimitedBody).map_err(|e| match e.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => too_large(),
+            status => ApiError::new(status, "bad_request", e.body_text()),
+        })
+    }
+}
+
+/// A JSON body, whatever the `Content-Type`.
 pub struct JsonBody<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| match e.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                format!("request bodies are limited to {MAX_BODY} bytes"),
-            ),
-            status => ApiError::new(status, "bad_request", e.body_text()),
-        })?;
+        let LimitedBody(bytes) = LimitedBody::from_request(req, state).await?;
         parse(&bytes).map(JsonBody)
     }
 }
