@@ -9,5 +9,6 @@ pub mod config;
 pub mod dns;
 pub mod export;
 pub mod health;
+pub mod listener;
 pub mod registry;
 pub mod server;

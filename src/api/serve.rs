@@ -2,16 +2,13 @@
 //! timeout, so we drive hyper ourselves: a slow or idle client holds one of a bounded number
 //! of connections, and only for a bounded time.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::debug;
 
 pub struct Limits {
@@ -23,28 +20,11 @@ pub struct Limits {
 
 /// Serves until `shutdown`, then lets in-flight requests finish.
 pub async fn serve(listener: TcpListener, router: Router, limits: Limits, shutdown: CancellationToken) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
-    let connections = TaskTracker::new();
-    loop {
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-        };
-        let stream = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(error) => {
-                    debug!(%error, "HTTP accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            },
-        };
+    let header_timeout = limits.header_timeout;
+    crate::listener::serve_bounded(listener, limits.max_connections, shutdown.clone(), |stream, _| {
         let service = TowerToHyperService::new(router.clone());
         let shutdown = shutdown.clone();
-        let header_timeout = limits.header_timeout;
-        connections.spawn(async move {
+        async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(TokioTimer::new()).header_read_timeout(header_timeout);
             let connection = builder.serve_connection(TokioIo::new(stream), service);
@@ -60,9 +40,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, shutdo
                     let _ = connection.await;
                 }
             }
-            drop(permit);
-        });
-    }
-    connections.close();
-    connections.wait().await;
+        }
+    })
+    .await
 }

@@ -17,10 +17,7 @@ use hickory_server::zone_handler::MessageResponse;
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tracing::debug;
 
 use super::Authority;
 
@@ -73,37 +70,17 @@ pub struct Limits {
 
 /// Accepts until `shutdown`; connections beyond the limit wait in the listen backlog.
 pub async fn serve(listener: TcpListener, authority: Authority, limits: Limits, shutdown: CancellationToken) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
-    let connections = TaskTracker::new();
-    loop {
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-        };
-        let (stream, src) = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    debug!(%error, "DNS TCP accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            },
-        };
-        let authority = authority.clone();
-        let shutdown = shutdown.clone();
-        let idle = limits.idle_timeout;
-        connections.spawn(async move {
+    let idle = limits.idle_timeout;
+    crate::listener::serve_bounded(listener, limits.max_connections, shutdown.clone(), |stream, src| {
+        let (authority, shutdown) = (authority.clone(), shutdown.clone());
+        async move {
             tokio::select! {
                 _ = shutdown.cancelled() => {}
                 _ = connection(stream, src, authority, idle) => {}
             }
-            drop(permit);
-        });
-    }
-    connections.close();
-    connections.wait().await;
+        }
+    })
+    .await
 }
 
 /// Answers framed messages one after another until the client goes quiet or misbehaves.
