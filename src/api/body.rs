@@ -9,26 +9,29 @@ use serde::de::DeserializeOwned;
 use super::error::ApiError;
 
 pub const MAX_BODY: usize = 64 * 1024;
+/// A reference ports file for the drift check: the export of a large registry is well over
+/// 64 KiB (about 45 bytes per instance), and it is TOML, not a JSON request.
+pub const MAX_REFERENCE: usize = 16 * 1024 * 1024;
 
-fn too_large() -> ApiError {
-    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("request bodies are limited to {MAX_BODY} bytes"))
+fn too_large(max: usize) -> ApiError {
+    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("this request's body is limited to {max} bytes"))
 }
 
-/// The raw body, at most [`MAX_BODY`] bytes. A declared `Content-Length` over the limit is
-/// refused before anything is read, so a client cannot make us wait for a body we would
-/// refuse anyway.
-pub struct LimitedBody(pub Bytes);
+/// The raw body, at most `MAX` bytes (the route must allow as much with `DefaultBodyLimit`).
+/// A declared `Content-Length` over the limit is refused before anything is read, so a
+/// client cannot make us wait for a body we would refuse anyway.
+pub struct LimitedBody<const MAX: usize = MAX_BODY>(pub Bytes);
 
-impl<S: Send + Sync> FromRequest<S> for LimitedBody {
+impl<S: Send + Sync, const MAX: usize> FromRequest<S> for LimitedBody<MAX> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > MAX_BODY as u64) {
-            return Err(too_large());
+        if declared.is_some_and(|n| n > MAX as u64) {
+            return Err(too_large(MAX));
         }
         Bytes::from_request(req, state).await.map(LimitedBody).map_err(|e| match e.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => too_large(),
+            StatusCode::PAYLOAD_TOO_LARGE => too_large(MAX),
             status => ApiError::new(status, "bad_request", e.body_text()),
         })
     }
@@ -41,7 +44,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let LimitedBody(bytes) = LimitedBody::from_request(req, state).await?;
+        let LimitedBody(bytes) = LimitedBody::<MAX_BODY>::from_request(req, state).await?;
         parse(&bytes).map(JsonBody)
     }
 }

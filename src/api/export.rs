@@ -7,7 +7,7 @@ use axum::response::IntoResponse;
 use serde_json::{Value, json};
 
 use super::AppState;
-use super::body::LimitedBody;
+use super::body::{LimitedBody, MAX_REFERENCE};
 use super::error::ApiError;
 use crate::export::{PortsFile, drift, routes};
 use crate::registry::Filter;
@@ -22,7 +22,7 @@ pub async fn export(State(app): State<AppState>) -> impl IntoResponse {
 }
 
 /// `POST /services/drift`: the body is a reference koder-service-ports.toml.
-pub async fn drift(State(app): State<AppState>, LimitedBody(body): LimitedBody) -> Result<Json<drift::DriftReport>, ApiError> {
+pub async fn drift(State(app): State<AppState>, LimitedBody(body): LimitedBody<MAX_REFERENCE>) -> Result<Json<drift::DriftReport>, ApiError> {
     let text = std::str::from_utf8(&body).map_err(|_| ApiError::bad_request("the reference file is not UTF-8"))?;
     let reference = PortsFile::parse(text)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_reference", format!("the reference file is not a ports file: {e}")))?;

@@ -46,7 +46,7 @@ pub fn router(state: AppState, keys: Arc<ApiKeys>, request_timeout: Duration) ->
         .route("/services/heartbeat", post(services::heartbeat))
         .route("/services/deregister", post(services::deregister))
         .route("/services/export", get(export::export))
-        .route("/services/drift", post(export::drift))
+        .route("/services/drift", post(export::drift).layer(DefaultBodyLimit::max(body::MAX_REFERENCE)))
         .route("/routes", get(export::routes))
         .route_layer(axum::middleware::from_fn_with_state(keys, auth::require_key));
     Router::new()

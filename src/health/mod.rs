@@ -52,7 +52,7 @@ pub async fn run(
         .build()
         .expect("HTTP client");
     let permits = Arc::new(Semaphore::new(settings.concurrency));
-    let mut checks: HashMap<Arc<str>, (Target, CancellationToken)> = HashMap::new();
+    let mut checks: HashMap<Arc<str>, (Target, CancellationToken, tokio::task::JoinHandle<()>)> = HashMap::new();
     loop {
         let event = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -67,15 +67,20 @@ pub async fn run(
             Event::Renewed(_) | Event::HealthChanged(_) => continue,
         };
         let id = event.id().clone();
-        if checks.get(&id).map(|(t, _)| t) == target.as_ref() {
-            continue; // unchanged settings keep the running check and its counters
+        // Unchanged settings keep the running check and its counters. A loop that ended (its
+        // instance expired before this re-registration) counts as no check.
+        if let Some((running, _, task)) = checks.get(&id)
+            && Some(running) == target.as_ref()
+            && !task.is_finished()
+        {
+            continue;
         }
-        if let Some((_, cancel)) = checks.remove(&id) {
+        if let Some((_, cancel, _)) = checks.remove(&id) {
             cancel.cancel();
         }
         if let Some(target) = target {
             let cancel = shutdown.child_token();
-            tokio::spawn(check_loop(
+            let task = tokio::spawn(check_loop(
                 registry.clone(),
                 id.clone(),
                 target.clone(),
@@ -84,10 +89,10 @@ pub async fn run(
                 permits.clone(),
                 cancel.clone(),
             ));
-            checks.insert(id, (target, cancel));
+            checks.insert(id, (target, cancel, task));
         }
     }
-    for (_, cancel) in checks.into_values() {
+    for (_, cancel, _) in checks.into_values() {
         cancel.cancel();
     }
 }
