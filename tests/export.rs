@@ -401,7 +401,7 @@ async fn drift_takes_a_reference_larger_than_64_kib() {
         .map(|port| format!("[[ports]]\nport = {port}\nservice = \"svc{port}\"\ninstances = [\"svc{port}-10.0.0.1-{port}\"]\n\n"))
         .collect();
     assert!(reference.len() > 64 * 1024, "the fixture must exceed 64 KiB: {} bytes", reference.len());
-    let (status, report) = drift(&server, reference.as_str()).await;
+    let (status, report) = drift(&server, reference).await;
     assert_eq!(status, 200, "{report}");
     assert_eq!(report["missing"].as_array().unwrap().len(), 3000);
     server.running.shutdown().await;
