@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::config::{Config, FileConfig, parse_duration, split_keys};
 use crate::health::CheckKind;
@@ -19,8 +19,7 @@ use crate::health::CheckKind;
 Services register their endpoint over REST (POST /api/v1/services/register) and heart-beat a \
 lease; koder-dns expires the dead, health-checks the living, and answers DNS for the service \
 zone with healthy instances only:\n\n    dig @127.0.0.1 -p 1053 SRV _voice._tcp.service.koder\n\n\
-Start with `koder-dns serve`; see `koder-dns serve --help` for every setting.",
-    after_help = "Settings come from flags, then KODER_DNS_* environment variables, then the --config file, then defaults."
+Start with `koder-dns serve`; `koder-dns serve --help` explains every setting in full."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -69,6 +68,27 @@ pub struct DriftArgs {
     /// Print the report as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The command line, with the settings of `serve` summarised in the top-level help too, built
+/// from `ServeArgs` itself so the two never disagree.
+pub fn command() -> clap::Command {
+    let serve = ServeArgs::augment_args(clap::Command::new("serve"));
+    let mut settings = String::from("Settings of `koder-dns serve`:\n");
+    for arg in serve.get_arguments() {
+        let (Some(long), Some(help)) = (arg.get_long(), arg.get_help()) else { continue };
+        let env = arg.get_env().map(|e| e.to_string_lossy().into_owned()).unwrap_or_default();
+        settings.push_str(&format!("  --{long}  ({env})\n          {help}\n"));
+    }
+    settings.push_str("  (no flag)  (KODER_DNS_API_KEY)\n          API keys, comma-separated\n\n");
+    settings.push_str("Settings come from flags, then KODER_DNS_* environment variables, then the --config file, then defaults.");
+    Cli::command().after_help(settings)
+}
+
+impl Cli {
+    pub fn parse_args() -> Self {
+        Self::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit())
+    }
 }
 
 fn duration(s: &str) -> Result<Duration, String> {

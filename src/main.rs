@@ -1,10 +1,9 @@
 use std::process::ExitCode;
 
-use clap::Parser;
 use koder_dns::cli::{Cli, Command};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     match cli.command {
         Command::Serve(args) => koder_dns::server::main(args),
         Command::Export(args) => koder_dns::cli::export(args),

@@ -39,6 +39,14 @@ async fn deadline(State(limit): State<Duration>, request: Request, next: Next) -
     }
 }
 
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such route; the API lives under /api/v1 (see the README)")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
+}
+
 pub fn router(state: AppState, keys: Arc<ApiKeys>, request_timeout: Duration) -> Router {
     let api = Router::new()
         .route("/services", get(services::list))
@@ -48,14 +56,15 @@ pub fn router(state: AppState, keys: Arc<ApiKeys>, request_timeout: Duration) ->
         .route("/services/export", get(export::export))
         .route("/services/drift", post(export::drift).layer(DefaultBodyLimit::max(body::MAX_REFERENCE)))
         .route("/routes", get(export::routes))
-        .route_layer(axum::middleware::from_fn_with_state(keys, auth::require_key));
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        // On the whole tree, unknown routes included: without a key nothing is revealed.
+        .layer(axum::middleware::from_fn_with_state(keys, auth::require_key));
     Router::new()
         .route("/healthz", get(|| async { axum::Json(serde_json::json!({ "status": "ok" })) }))
         .nest("/api/v1", api)
-        .fallback(|| async { ApiError::not_found("no such route; the API lives under /api/v1 (see the README)") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
-        })
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY))
         .layer(axum::middleware::from_fn_with_state(request_timeout, deadline))
         .with_state(state)
