@@ -1,0 +1,125 @@
+//! A raw DNS message, as the UDP and TCP servers receive it, through
+//! `dns::tcp::handle_bytes` on an authority with registered instances and the static zones
+//! of `zones/`.
+//!
+//! Checks: no panic; a reply, if any, decodes with `Message::from_vec`, is a response, has
+//! the request's id; over UDP it fits the request's EDNS payload (512 without EDNS, clamped
+//! to 512..=4096 as the server does); over TCP it fits a 16-bit length prefix; and a UDP
+//! reply without TC has as many answers as the TCP reply (nothing dropped silently).
+#![no_main]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use hickory_proto::op::{Message, MessageType};
+use hickory_server::net::xfer::Protocol;
+use hickory_server::server::Request;
+use koder_dns::dns::answer::ZoneAnswerer;
+use koder_dns::dns::records::ZoneNames;
+use koder_dns::dns::{Authority, MAX_UDP_PAYLOAD, tcp::handle_bytes};
+use koder_dns::health::CheckKind;
+use koder_dns::registry::clock::ManualClock;
+use koder_dns::registry::instance::Registration;
+use koder_dns::registry::{Registry, Settings};
+use libfuzzer_sys::fuzz_target;
+
+struct World {
+    runtime: tokio::runtime::Runtime,
+    authority: Authority,
+}
+
+fn reg(id: &str, name: &str, address: &str, port: i64) -> Registration {
+    Registration {
+        id: Some(id.into()),
+        name: Some(name.into()),
+        address: Some(address.into()),
+        port: Some(port),
+        ..Default::default()
+    }
+}
+
+fn world() -> &'static World {
+    static WORLD: OnceLock<World> = OnceLock::new();
+    WORLD.get_or_init(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let zone = ZoneNames::new("service.koder").unwrap();
+        let settings = Settings { default_ttl: 0, max_instances: 10_000, default_check: CheckKind::None, zone: zone.clone() };
+        // A clock that never moves and leases that never end: every input sees the same zone.
+        let registry = Arc::new(Registry::new(settings, Arc::new(ManualClock::new(1_800_000_000_000_000_000))));
+        let mut regs = vec![
+            reg("voice-1", "voice", "10.0.0.1", 5060),
+            reg("voice-2", "voice", "10.0.0.2", 5060),
+            reg("voice-6", "voice", "2001:db8::6", 5060),
+            reg("api-host", "api", "API.Internal.Example.", 443),
+            Registration { protocol: Some("udp".into()), ..reg("voice-udp", "voice", "10.0.0.3", 5061) },
+            Registration { healthy: Some(false), ..reg("sick", "sick", "10.0.0.9", 9) },
+            Registration {
+                metadata: Some([("jet.domain".to_owned(), "voice.koder.dev".to_owned()), ("long".to_owned(), "x".repeat(600))].into()),
+                tags: Some(vec!["service=voice".into(), "container=voice-a".into()]),
+                ..reg("meta", "meta", "192.0.2.7", 8443)
+            },
+        ];
+        // Big enough to truncate over UDP at any payload size.
+        for i in 0..300 {
+            regs.push(reg(&format!("big-{i:03}"), "big", &format!("10.1.{}.{}", i / 250, i % 250 + 1), 8000 + i));
+        }
+        for r in regs {
+            registry.register(r.validate().expect("valid seed registration")).expect("room");
+        }
+        let zones_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../zones");
+        let static_zones = {
+            let _guard = runtime.enter();
+            koder_dns::dns::zones::load(&zones_dir, &zone.origin).expect("zones/ loads")
+        };
+        let answerer = ZoneAnswerer { registry, dns_ttl: 5, negative_ttl: 5, ns_address: "127.0.0.1".parse().unwrap() };
+        World { runtime, authority: Authority::new(answerer, static_zones) }
+    })
+}
+
+/// The UDP payload the server must respect for this request: what the server's own parser
+/// reads from its EDNS, clamped the way `Authority` clamps it.
+fn udp_limit(data: &[u8]) -> usize {
+    let src: SocketAddr = "127.0.0.1:5353".parse().unwrap();
+    match Request::from_bytes(data.to_vec(), src, Protocol::Udp) {
+        Ok(request) => request.edns.as_ref().map_or(512, |e| e.max_payload().clamp(512, MAX_UDP_PAYLOAD)) as usize,
+        Err(_) => 512,
+    }
+}
+
+fn check(data: &[u8], reply: &Option<Vec<u8>>, protocol: Protocol) -> Option<Message> {
+    let reply = reply.as_ref()?;
+    assert!(data.len() >= 2, "a reply to a message without an id");
+    let message = Message::from_vec(reply)
+        .unwrap_or_else(|e| panic!("{protocol:?} reply does not decode: {e}\nreply: {reply:02x?}"));
+    let id = u16::from_be_bytes([data[0], data[1]]);
+    assert_eq!(message.metadata.id, id, "{protocol:?} reply id");
+    assert_eq!(message.metadata.message_type, MessageType::Response, "{protocol:?} reply is not a response");
+    match protocol {
+        Protocol::Udp => {
+            let limit = udp_limit(data);
+            assert!(reply.len() <= limit, "UDP reply of {} bytes exceeds the payload {limit}\nreply: {reply:02x?}", reply.len());
+        }
+        _ => assert!(reply.len() <= u16::MAX as usize),
+    }
+    Some(message)
+}
+
+fuzz_target!(|data: &[u8]| {
+    let world = world();
+    let src: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+    let (udp, tcp) = world.runtime.block_on(async {
+        let udp = handle_bytes(&world.authority, data.to_vec(), src, Protocol::Udp).await;
+        let tcp = handle_bytes(&world.authority, data.to_vec(), src, Protocol::Tcp).await;
+        (udp, tcp)
+    });
+    assert_eq!(udp.is_some(), tcp.is_some(), "UDP and TCP disagree on whether to reply");
+    let udp = check(data, &udp, Protocol::Udp);
+    let tcp = check(data, &tcp, Protocol::Tcp);
+    if let (Some(udp), Some(tcp)) = (udp, tcp) {
+        assert_eq!(udp.metadata.response_code, tcp.metadata.response_code, "UDP and TCP response codes");
+        if !udp.metadata.truncation {
+            assert_eq!(udp.answers.len(), tcp.answers.len(), "a UDP reply without TC dropped answers");
+        }
+    }
+});
