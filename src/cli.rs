@@ -27,6 +27,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant, reason = "parsed once at start")]
 pub enum Command {
     /// Run the registry: DNS (UDP and TCP) and the REST API in one process.
     Serve(ServeArgs),

@@ -156,7 +156,8 @@ impl Disk {
     pub async fn close(&self) {
         let _ = self.write(Vec::new()).await;
         self.tx.lock().take();
-        if let Some(thread) = self.thread.lock().take() {
+        let thread = self.thread.lock().take();
+        if let Some(thread) = thread {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
     }
