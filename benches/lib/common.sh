@@ -29,6 +29,22 @@ bench_init() {
     trap 'exit 130' INT
     trap 'exit 143' TERM
     log "work dir: $BENCH_TMP"
+    busy_check
+}
+
+# busy_check: warn when something else already uses the CPU (results would be skewed).
+BUSY_PCT=0
+busy_check() {
+    local a b
+    read -r -a a </proc/stat
+    sleep 1
+    read -r -a b </proc/stat
+    local idle=$(( (b[4] + b[5]) - (a[4] + a[5]) )) total=0 i
+    for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done
+    BUSY_PCT=$(( total > 0 ? 100 * (total - idle) / total : 0 ))
+    if [[ $BUSY_PCT -gt 15 ]]; then
+        log "WARNING: the machine is already ${BUSY_PCT}% busy before the benchmark (top: $(ps -eo comm --sort=-pcpu --no-headers | head -n3 | tr '\n' ' ')); figures will be low"
+    fi
 }
 
 # Register a background process so that the EXIT trap stops it.
@@ -168,7 +184,7 @@ start_koder() {
     dir="$BENCH_TMP/koder"
     mkdir -p "$dir/data" "$dir/zones"
     log "starting koder-dns (TOKIO_WORKER_THREADS=$THREADS) dns=$dport http=$hport"
-    KODER_DNS_API_KEY="$API_KEY" TOKIO_WORKER_THREADS="$THREADS" RUST_LOG="${KODER_RUST_LOG:-warn}" \
+    KODER_DNS_API_KEY="$API_KEY" TOKIO_WORKER_THREADS="$THREADS" KODER_DNS_LOG="${KODER_LOG:-warn}" \
         "$KODER_BIN" serve \
         --dns-listen "$BENCH_HOST:$dport" \
         --http-listen "$BENCH_HOST:$hport" \
@@ -197,5 +213,10 @@ rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 hwm_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$1/status"; }
 
 machine_note() {
-    echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo); load generators run on the SAME cores as the servers, so figures are lower bounds and noisy"
+    echo "machine: $(nproc) cores (${BUSY_PCT}% busy before start), $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo); load generators run on the SAME cores as the servers, so figures are lower bounds and noisy"
+}
+
+# udp_rcvbuf_errors: the kernel's UDP RcvbufErrors counter (whole machine).
+udp_rcvbuf_errors() {
+    awk '/^Udp:/ { if (!h) { for (i = 1; i <= NF; i++) if ($i == "RcvbufErrors") c = i; h = 1 } else print $c }' /proc/net/snmp
 }

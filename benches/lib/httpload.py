@@ -2,11 +2,12 @@
 """Count-bounded bulk REST client (stdlib only) for populating koder-dns.
 
   httpload.py post --port P --path /api/v1/services/register --file bodies.jsonl
-                   [--procs 4] [--key KEY] [--limit N]
+                   [--procs 4] [--conns 1] [--key KEY] [--limit N]
 
 Sends every line of FILE (a JSON body) exactly once as a POST, split over
---procs processes, each with one keep-alive HTTP/1.1 connection to
-127.0.0.1:P. Prints one JSON line: {"sent", "ok", "status": {code: n},
+--procs processes, each with --conns threads, each thread with one keep-alive
+HTTP/1.1 connection to 127.0.0.1:P (registrations wait for a durable commit,
+so more connections than cores helps). Prints one JSON line: {"sent", "ok", "status": {code: n},
 "elapsed_s", "rate"}. Exits non-zero if any request failed at the socket level
 or (with --strict) did not return 2xx.
 """
@@ -85,7 +86,24 @@ class Conn:
 
 
 def worker(args):
-    port, path, key, bodies, deadline = args
+    port, path, key, bodies, deadline, conns = args
+    if conns > 1:
+        import threading
+        results = [None] * conns
+        def run(i):
+            results[i] = worker((port, path, key, bodies[i::conns], deadline, 1))
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(conns)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        status, errors, sample = {}, 0, None
+        for st, err, smp in results:
+            for k, v in st.items():
+                status[k] = status.get(k, 0) + v
+            errors += err
+            sample = sample or smp
+        return status, errors, sample
     c = Conn(port)
     status = {}
     errors = 0
@@ -121,6 +139,7 @@ def main():
     p.add_argument("--file", required=True)
     p.add_argument("--key", default="")
     p.add_argument("--procs", type=int, default=4)
+    p.add_argument("--conns", type=int, default=1, help="keep-alive connections (threads) per process")
     p.add_argument("--limit", type=int, default=0)
     p.add_argument("--max-seconds", type=float, default=600)
     p.add_argument("--strict", action="store_true")
@@ -132,7 +151,7 @@ def main():
         bodies = bodies[: a.limit]
     procs = max(1, min(a.procs, len(bodies)))
     deadline = time.time() + a.max_seconds
-    slices = [(a.port, a.path, a.key, bodies[i::procs], deadline) for i in range(procs)]
+    slices = [(a.port, a.path, a.key, bodies[i::procs], deadline, a.conns) for i in range(procs)]
     t0 = time.perf_counter()
     with mp.Pool(procs) as pool:
         results = pool.map(worker, slices)

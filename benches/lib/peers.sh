@@ -37,7 +37,7 @@ server:
     # response rate limiting off for the comparison
     rrl-ratelimit: 0
     rrl-whitelist-ratelimit: 0
-    minimal-responses: no
+    minimal-responses: ${NSD_MINIMAL:-no}
 remote-control:
     control-enable: no
 zone:

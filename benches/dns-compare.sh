@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# DNS macro benchmark: koder-dns vs NSD vs Knot DNS, same records, same query mix.
+#
+# One fleet description (SERVICES x INSTANCES) becomes a zone file for NSD and
+# Knot and REST registrations for koder-dns. dnsperf runs against each server
+# in alternating rounds (the order rotates each round). See benches/README.md.
+#
+# Env knobs (defaults):
+#   DURATION=10       seconds per dnsperf run
+#   ROUNDS=3          rounds (each round runs every server once)
+#   WARMUP=2          seconds of unmeasured dnsperf per server before round 1
+#   THREADS=2         worker threads for every server (koder-dns: TOKIO_WORKER_THREADS,
+#                     NSD: server-count, Knot: udp-workers and tcp-workers)
+#   SERVICES=200 INSTANCES=5
+#   QUERY_MIX=srv=60,a=20,txt=10,nx=10
+#   CLIENTS=8 OUTSTANDING=200 DNSPERF_THREADS=1   dnsperf -c, -q, -T
+#   DNSPERF_MODE=udp  (or tcp)
+#   DNSPERF_TIMEOUT=2 dnsperf -t: a query unanswered this long counts as lost
+#   PEERS="nsd knot"  which peers to run (subset allowed, or empty)
+#   NSD_MINIMAL=no    NSD minimal-responses (no = NSD default: adds NS + glue)
+#   KODER_DNS_BIN     koder-dns binary (default: cargo build --release in the repo)
+#   SKIP_BUILD=1      do not run cargo build
+#   KEEP_TMP=1        keep the work dir (configs, logs, dnsperf outputs)
+set -euo pipefail
+
+# shellcheck source=lib/common.sh
+source "$(dirname "$0")/lib/common.sh"
+# shellcheck source=lib/peers.sh
+source "$BENCH_LIB_DIR/peers.sh"
+
+DURATION="${DURATION:-10}"
+ROUNDS="${ROUNDS:-3}"
+WARMUP="${WARMUP:-2}"
+SERVICES="${SERVICES:-200}"
+INSTANCES="${INSTANCES:-5}"
+QUERY_MIX="${QUERY_MIX:-srv=60,a=20,txt=10,nx=10}"
+CLIENTS="${CLIENTS:-8}"
+OUTSTANDING="${OUTSTANDING:-200}"
+DNSPERF_THREADS="${DNSPERF_THREADS:-1}"
+DNSPERF_MODE="${DNSPERF_MODE:-udp}"
+DNSPERF_TIMEOUT="${DNSPERF_TIMEOUT:-2}"
+PEERS="${PEERS-nsd knot}"
+export NSD_MINIMAL="${NSD_MINIMAL:-no}"
+DOMAIN=service.koder
+
+bench_init dns-compare
+need_common_tools
+need_pkg dnsperf dnsperf
+need_peers
+KODER_BIN="$(koder_bin)"
+
+IN="$BENCH_TMP/in"
+python3 "$BENCH_LIB_DIR/gen.py" "$IN" --services "$SERVICES" --instances "$INSTANCES" \
+    --mix "$QUERY_MIX" --domain "$DOMAIN" >&2
+
+declare -A PORT PID
+SERVERS=(koder)
+for p in $PEERS; do
+    case "$p" in
+        nsd | knot) SERVERS+=("$p") ;;
+        *) die "unknown peer '$p' (nsd, knot)" ;;
+    esac
+done
+
+# ---- start everything
+PORT[koder]="$(free_port)"
+HTTP_PORT="$(free_port)"
+start_koder "${PORT[koder]}" "$HTTP_PORT"
+PID[koder]="$KODER_PID"
+log "registering $((SERVICES * INSTANCES)) instances over REST"
+reg="$(python3 "$BENCH_LIB_DIR/httpload.py" post --port "$HTTP_PORT" --key "$API_KEY" \
+    --path /api/v1/services/register --file "$IN/register.jsonl" --procs 4 --strict)" \
+    || die "registration failed: $reg"
+log "registered: $reg"
+
+for p in $PEERS; do
+    PORT[$p]="$(free_port)"
+    if [[ $p == nsd ]]; then
+        start_nsd "${PORT[nsd]}" "$IN/$DOMAIN.zone" "$DOMAIN"
+        PID[nsd]="$NSD_PID"
+    else
+        start_knot "${PORT[knot]}" "$IN/$DOMAIN.zone" "$DOMAIN"
+        PID[knot]="$KNOT_PID"
+    fi
+done
+
+# ---- same answers? (sorted answer + additional sections, TTLs dropped; the
+# ns.<domain> glue that NSD adds without minimal-responses is ignored)
+canon() {
+    local port="$1" name type
+    while read -r name type; do
+        printf '== %s %s: ' "$name" "$type"
+        dig @"$BENCH_HOST" -p "$port" "$name" "$type" +norec +noedns +time=2 +tries=1 \
+            +noall +comments +answer +additional 2>&1 |
+            awk '/status:/ {sub(/,.*/, "", $6); print $6; next}
+                 /^;/ || NF == 0 {next}
+                 $1 == ns {next}
+                 {$2 = ""; print}' ns="ns.$DOMAIN." | sort | tr '\n' '|'
+        echo
+    done <"$IN/check.txt"
+}
+canon "${PORT[koder]}" >"$BENCH_TMP/answers.koder"
+MISMATCH=0
+for p in $PEERS; do
+    canon "${PORT[$p]}" >"$BENCH_TMP/answers.$p"
+    if ! diff -u "$BENCH_TMP/answers.$p" "$BENCH_TMP/answers.koder" >"$BENCH_TMP/answers.diff.$p"; then
+        MISMATCH=1
+        log "WARNING: koder-dns answers differ from $p (answer/additional sections):"
+        grep '^[-+]=' "$BENCH_TMP/answers.diff.$p" | cut -c1-300 >&2
+    fi
+done
+[[ $MISMATCH == 0 ]] && log "answer check: koder-dns returns the same records as: ${PEERS:-(no peers)}"
+
+# ---- dnsperf runs
+# run_dnsperf SERVER SECONDS OUTFILE  (also records server CPU ticks)
+run_dnsperf() {
+    local s="$1" secs="$2" out="$3" t0 t1 d0 d1
+    d0="$(udp_rcvbuf_errors)"
+    t0="$(cpu_ticks "${PID[$s]}")"
+    dnsperf -s "$BENCH_HOST" -p "${PORT[$s]}" -m "$DNSPERF_MODE" -d "$IN/queries.txt" \
+        -l "$secs" -c "$CLIENTS" -q "$OUTSTANDING" -T "$DNSPERF_THREADS" -t "$DNSPERF_TIMEOUT" >"$out" 2>&1 \
+        || { cat "$out" >&2; die "dnsperf against $s failed"; }
+    t1="$(cpu_ticks "${PID[$s]}")"
+    d1="$(udp_rcvbuf_errors)"
+    echo "server_cpu_ticks $((t1 - t0))" >>"$out"
+    echo "udp_rcvbuf_errors $((d1 - d0))" >>"$out"
+}
+
+field() { # field OUTFILE REGEX -> first number after the label
+    sed -n "s/^ *$2 *\([0-9.]*\).*/\1/p" "$1" | head -n1
+}
+
+if [[ $WARMUP -gt 0 ]]; then
+    for s in "${SERVERS[@]}"; do
+        log "warm-up $s (${WARMUP}s)"
+        run_dnsperf "$s" "$WARMUP" "$BENCH_TMP/warmup.$s"
+    done
+fi
+
+TCK="$(clk_tck)"
+RESULTS="$BENCH_TMP/results.tsv"
+: >"$RESULTS"
+n=${#SERVERS[@]}
+for ((r = 1; r <= ROUNDS; r++)); do
+    for ((i = 0; i < n; i++)); do
+        s="${SERVERS[$(((i + r - 1) % n))]}"
+        out="$BENCH_TMP/dnsperf.$s.$r"
+        log "round $r/$ROUNDS: $s (${DURATION}s)"
+        run_dnsperf "$s" "$DURATION" "$out"
+        qps="$(field "$out" 'Queries per second:')"
+        lat="$(field "$out" 'Average Latency (s):')"
+        sent="$(field "$out" 'Queries sent:')"
+        lost="$(field "$out" 'Queries lost:')"
+        rsize="$(sed -n 's/.*response \([0-9]*\).*/\1/p' "$out" | head -n1)"
+        nx="$(sed -n 's/.*NXDOMAIN [0-9]* (\([0-9.]*\)%).*/\1/p' "$out" | head -n1)"
+        ticks="$(awk '/^server_cpu_ticks/ {print $2}' "$out")"
+        drops="$(awk '/^udp_rcvbuf_errors/ {print $2}' "$out")"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$r" "$qps" "$lat" "$sent" "$lost" \
+            "${rsize:-0}" "${nx:-0}" "$ticks" "$drops" >>"$RESULTS"
+    done
+done
+
+# ---- report
+python3 - "$RESULTS" "$TCK" "$DURATION" <<'EOF'
+import statistics, sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+tck, dur = float(sys.argv[2]), float(sys.argv[3])
+names = {"koder": "koder-dns", "nsd": "NSD", "knot": "Knot DNS"}
+by = {}
+for s, r, qps, lat, sent, lost, rsize, nx, ticks, drops in rows:
+    by.setdefault(s, []).append(dict(qps=float(qps), lat=float(lat), sent=int(sent), lost=int(lost),
+                                     rsize=int(rsize), nx=float(nx), cpu=int(ticks) / tck, drops=int(drops)))
+hdr = f"{'server':<10} {'QPS per round':<28} {'median QPS':>10} {'avg lat ms':>10} {'loss %':>7} {'resp B':>6} {'NXD %':>6} {'srv cores':>9} {'us CPU/q':>8} {'rcvbuf drops':>12}"
+print()
+print(hdr)
+print("-" * len(hdr))
+med = {}
+for s in ["koder", "nsd", "knot"]:
+    if s not in by:
+        continue
+    rs = by[s]
+    med[s] = statistics.median(x["qps"] for x in rs)
+    lat = statistics.mean(x["lat"] for x in rs) * 1000
+    sent = sum(x["sent"] for x in rs)
+    loss = 100.0 * sum(x["lost"] for x in rs) / sent if sent else 0
+    cores = statistics.mean(x["cpu"] for x in rs) / dur
+    usq = 1e6 * sum(x["cpu"] for x in rs) / max(1, sum(x["sent"] - x["lost"] for x in rs))
+    per = " ".join(f"{x['qps']/1000:.1f}k" for x in rs)
+    print(f"{names[s]:<10} {per:<28} {med[s]:>10.0f} {lat:>10.3f} {loss:>7.2f} {rs[0]['rsize']:>6} "
+          f"{statistics.mean(x['nx'] for x in rs):>6.1f} {cores:>9.2f} {usq:>8.1f} {sum(x['drops'] for x in rs):>12}")
+peers = {s: q for s, q in med.items() if s != "koder"}
+print()
+if peers and "koder" in med:
+    best = max(peers, key=peers.get)
+    print(f"ratio koder-dns / fastest peer ({names[best]}): {med['koder'] / peers[best]:.2f}  (median QPS)")
+EOF
+echo
+echo "query mix: $QUERY_MIX over $((SERVICES * INSTANCES)) instances in $SERVICES services;" \
+    "dnsperf -m $DNSPERF_MODE -c $CLIENTS -q $OUTSTANDING -T $DNSPERF_THREADS -l $DURATION, $ROUNDS rounds (order rotates)"
+echo "servers: $THREADS worker threads each (koder-dns TOKIO_WORKER_THREADS, NSD server-count + reuseport," \
+    "Knot udp/tcp-workers); NSD rrl off, minimal-responses $NSD_MINIMAL"
+echo "srv cores = server CPU time / run time; us CPU/q = server CPU per answered query;" \
+    "rcvbuf drops = UDP RcvbufErrors (whole machine) during the runs; resp B = dnsperf's average response size"
+echo "$(machine_note); dnsperf takes the rest of the CPU, so QPS is what the server gets from the cores left to it"

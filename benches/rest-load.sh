@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# REST load: heartbeats on live instances, registrations, and GET /healthz as the
+# ceiling of the HTTP stack, each driven by wrk (Debian's wrk 4, LuaJIT script
+# lib/rest.lua). See benches/README.md.
+#
+# Env knobs (defaults):
+#   DURATION=10        seconds per wrk run
+#   CONNS=32           wrk -c (keep-alive connections)
+#   WRK_THREADS=1      wrk -t (the machine has 2 cores; the server needs the other)
+#   LIVE=1000          live instances that the heartbeats cycle through (200 services x 5)
+#   TESTS="healthz heartbeat register reregister"
+#   THREADS=2          TOKIO_WORKER_THREADS of koder-dns
+#   KODER_DNS_BIN, SKIP_BUILD=1, KEEP_TMP=1, KODER_LOG=warn (server log filter)
+set -euo pipefail
+
+# shellcheck source=lib/common.sh
+source "$(dirname "$0")/lib/common.sh"
+
+DURATION="${DURATION:-10}"
+CONNS="${CONNS:-32}"
+WRK_THREADS="${WRK_THREADS:-1}"
+LIVE="${LIVE:-1000}"
+TESTS="${TESTS:-healthz heartbeat register reregister}"
+
+bench_init rest-load
+need_common_tools
+need_pkg wrk wrk
+KODER_BIN="$(koder_bin)"
+
+INSTANCES=5
+SERVICES=$(((LIVE + INSTANCES - 1) / INSTANCES))
+IN="$BENCH_TMP/in"
+python3 "$BENCH_LIB_DIR/gen.py" "$IN" --services "$SERVICES" --instances "$INSTANCES" --no-zone >&2
+
+DNS_PORT="$(free_port)"
+HTTP_PORT="$(free_port)"
+start_koder "$DNS_PORT" "$HTTP_PORT"
+log "registering $((SERVICES * INSTANCES)) live instances (lease 1 h)"
+reg="$(python3 "$BENCH_LIB_DIR/httpload.py" post --port "$HTTP_PORT" --key "$API_KEY" \
+    --path /api/v1/services/register --file "$IN/register.jsonl" --procs 4 --strict)" \
+    || die "registration failed: $reg"
+log "registered: $reg"
+
+# quick functional check of each route before loading it
+hb_id="$(head -n1 "$IN/heartbeat.jsonl")"
+code="$(curl -s -o /dev/null -w '%{http_code}' -H "X-API-Key: $API_KEY" -d "$hb_id" \
+    "http://$BENCH_HOST:$HTTP_PORT/api/v1/services/heartbeat")"
+[[ $code == 200 ]] || die "heartbeat returned $code"
+
+TCK="$(clk_tck)"
+RESULTS="$BENCH_TMP/results.tsv"
+: >"$RESULTS"
+for t in $TESTS; do
+    case "$t" in
+        healthz | heartbeat | register | reregister) ;;
+        *) die "unknown test $t" ;;
+    esac
+    out="$BENCH_TMP/wrk.$t"
+    log "wrk $t: -t $WRK_THREADS -c $CONNS -d ${DURATION}s"
+    t0="$(cpu_ticks "$KODER_PID")"
+    BENCH_MODE="$t" BENCH_KEY="$API_KEY" BENCH_THREADS="$WRK_THREADS" BENCH_RATE=0 \
+        BENCH_BODIES="$([[ $t == heartbeat ]] && echo "$IN/heartbeat.jsonl" || echo "$IN/register.jsonl")" \
+        BENCH_LEASE_NS=3600000000000 \
+        wrk -t "$WRK_THREADS" -c "$CONNS" -d "${DURATION}s" --timeout 5s \
+        -s "$BENCH_LIB_DIR/rest.lua" "http://$BENCH_HOST:$HTTP_PORT/" >"$out" 2>&1 \
+        || { cat "$out" >&2; die "wrk $t failed"; }
+    t1="$(cpu_ticks "$KODER_PID")"
+    line="$(grep '^RESULT ' "$out")" || { cat "$out" >&2; die "no RESULT line from wrk $t"; }
+    printf '%s\t%s\tcpu_ticks=%s\n' "$t" "${line#RESULT }" "$((t1 - t0))" >>"$RESULTS"
+    kill -0 "$KODER_PID" 2>/dev/null || die "koder-dns died during $t (see $BENCH_TMP/koder/log)"
+done
+
+INST_AFTER="$(curl -s -H "X-API-Key: $API_KEY" "http://$BENCH_HOST:$HTTP_PORT/api/v1/services?detail=1" |
+    python3 -c 'import json,sys; print(len(json.load(sys.stdin)["instances"]))')"
+
+python3 - "$RESULTS" "$TCK" <<'EOF'
+import sys
+tck = float(sys.argv[2])
+rows = {}
+order = []
+for line in open(sys.argv[1]):
+    name, kv, cpu = line.rstrip("\n").split("\t")
+    d = dict(x.split("=") for x in kv.split())
+    d["cpu_ticks"] = cpu.split("=")[1]
+    d = {k: float(v) for k, v in d.items()}
+    rows[name] = d
+    order.append(name)
+label = {"healthz": "GET /healthz (ceiling)", "heartbeat": "POST heartbeat",
+         "register": "POST register (new id)", "reregister": "POST register (update)"}
+hdr = f"{'route':<24} {'req/s':>9} {'mean ms':>8} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7} {'non-2xx':>8} {'sock err':>8} {'srv cores':>9} {'us CPU/req':>10}"
+print()
+print(hdr)
+print("-" * len(hdr))
+rate = {}
+for n in order:
+    d = rows[n]
+    secs = d["duration_us"] / 1e6
+    rate[n] = d["requests"] / secs
+    sockerr = d["err_connect"] + d["err_read"] + d["err_write"] + d["err_timeout"]
+    cpu = d["cpu_ticks"] / tck
+    print(f"{label[n]:<24} {rate[n]:>9.0f} {d['lat_mean_us']/1000:>8.2f} {d['lat_p50_us']/1000:>7.2f} "
+          f"{d['lat_p90_us']/1000:>7.2f} {d['lat_p99_us']/1000:>7.2f} {d['lat_max_us']/1000:>7.1f} "
+          f"{int(d['err_status']):>8} {int(sockerr):>8} {cpu/secs:>9.2f} {1e6*cpu/max(1,d['requests']):>10.1f}")
+print()
+if "healthz" in rate:
+    for n in ("heartbeat", "register", "reregister"):
+        if n in rate:
+            print(f"ratio {n} / healthz ceiling: {rate[n] / rate['healthz']:.2f}")
+EOF
+echo
+echo "wrk -t $WRK_THREADS -c $CONNS -d ${DURATION}s (keep-alive); heartbeats cycle over $((SERVICES * INSTANCES)) live ids;"
+echo "register (new id) adds a fresh instance per request (instances in the registry at the end: $INST_AFTER);"
+echo "register (update) re-registers the existing ids (created=false, lease renewed)."
+echo "koder-dns: TOKIO_WORKER_THREADS=$THREADS, log filter ${KODER_LOG:-warn}"
+echo "$(machine_note); wrk takes up to $WRK_THREADS core(s) of them"
