@@ -156,6 +156,9 @@ pub struct ServeArgs {
     /// DNS TCP connections open at once; more wait to be accepted [default: 512].
     #[arg(long, env = "KODER_DNS_DNS_TCP_MAX_CONNECTIONS", value_name = "N")]
     pub dns_tcp_max_connections: Option<usize>,
+    /// Threads answering DNS over UDP, each with its own socket [default: one per CPU].
+    #[arg(long, env = "KODER_DNS_DNS_UDP_WORKERS", value_name = "N")]
+    pub dns_udp_workers: Option<usize>,
     /// HTTP connections open at once; more wait to be accepted [default: 1024].
     #[arg(long, env = "KODER_DNS_HTTP_MAX_CONNECTIONS", value_name = "N")]
     pub http_max_connections: Option<usize>,
@@ -196,6 +199,7 @@ impl ServeArgs {
                 .dns_tcp_max_connections
                 .or(file.dns_tcp_max_connections)
                 .unwrap_or(d.dns_tcp_max_connections),
+            dns_udp_workers: self.dns_udp_workers.or(file.dns_udp_workers).unwrap_or(d.dns_udp_workers),
             http_max_connections: self.http_max_connections.or(file.http_max_connections).unwrap_or(d.http_max_connections),
             http_request_timeout: self.http_request_timeout.or(file.http_request_timeout).unwrap_or(d.http_request_timeout),
         };

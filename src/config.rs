@@ -40,6 +40,7 @@ pub struct Config {
     pub persist_interval: Duration,
     pub dns_tcp_idle_timeout: Duration,
     pub dns_tcp_max_connections: usize,
+    pub dns_udp_workers: usize,
     pub http_max_connections: usize,
     pub http_request_timeout: Duration,
 }
@@ -65,6 +66,7 @@ impl Default for Config {
             persist_interval: Duration::from_secs(1),
             dns_tcp_idle_timeout: Duration::from_secs(10),
             dns_tcp_max_connections: 512,
+            dns_udp_workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             http_max_connections: 1024,
             http_request_timeout: Duration::from_secs(10),
         }
@@ -104,6 +106,7 @@ pub struct FileConfig {
     #[serde(default, deserialize_with = "de_duration")]
     pub dns_tcp_idle_timeout: Option<Duration>,
     pub dns_tcp_max_connections: Option<usize>,
+    pub dns_udp_workers: Option<usize>,
     pub http_max_connections: Option<usize>,
     #[serde(default, deserialize_with = "de_duration")]
     pub http_request_timeout: Option<Duration>,
@@ -147,8 +150,8 @@ impl Config {
         if self.persist_interval.is_zero() {
             bail!("--persist-interval must be positive (e.g. 1s)");
         }
-        if self.dns_tcp_max_connections == 0 || self.http_max_connections == 0 {
-            bail!("--dns-tcp-max-connections and --http-max-connections must be at least 1");
+        if self.dns_tcp_max_connections == 0 || self.http_max_connections == 0 || self.dns_udp_workers == 0 {
+            bail!("--dns-tcp-max-connections, --dns-udp-workers and --http-max-connections must be at least 1");
         }
         if self.http_request_timeout.is_zero() {
             bail!("--http-request-timeout must be positive");

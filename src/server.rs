@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use hickory_server::Server;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -105,10 +104,10 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
 
-    let (udp, tcp) = dns::bind(config.dns_listen)
+    let (udp, tcp) = dns::bind(config.dns_listen, config.dns_udp_workers)
         .await
         .with_context(|| format!("cannot listen for DNS on {} (--dns-listen)", config.dns_listen))?;
-    let dns_addr = udp.local_addr()?;
+    let dns_addr = tcp.local_addr()?;
     let answerer = ZoneAnswerer {
         registry: registry.clone(),
         dns_ttl: config.dns_ttl.as_secs() as u32,
@@ -116,20 +115,12 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         ns_address: dns::ns_address(dns_addr),
     };
     let authority = Authority::new(answerer, static_zones);
-    let mut dns_server = Server::new(authority.clone());
-    dns_server.register_socket(udp);
+    tasks.push(dns::udp::spawn(udp, authority.clone(), shutdown.clone())?);
     let limits = dns::tcp::Limits {
         max_connections: config.dns_tcp_max_connections,
         idle_timeout: config.dns_tcp_idle_timeout,
     };
     tasks.push(tokio::spawn(dns::tcp::serve(tcp, authority, limits, shutdown.clone())));
-    let token = shutdown.clone();
-    tasks.push(tokio::spawn(async move {
-        token.cancelled().await;
-        if let Err(e) = dns_server.shutdown_gracefully().await {
-            warn!(error = %e, "DNS server stopped with an error");
-        }
-    }));
 
     let http = tokio::net::TcpListener::bind(config.http_listen)
         .await

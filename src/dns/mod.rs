@@ -4,6 +4,7 @@
 pub mod answer;
 pub mod records;
 pub mod tcp;
+pub mod udp;
 pub mod zones;
 
 use std::net::{IpAddr, SocketAddr};
@@ -16,7 +17,7 @@ use hickory_server::net::runtime::Time;
 use hickory_server::net::xfer::Protocol;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::{Catalog, MessageResponseBuilder};
-use tokio::net::{TcpListener, UdpSocket};
+use tokio::net::TcpListener;
 
 use answer::{Answer, ZoneAnswerer};
 
@@ -166,20 +167,37 @@ async fn send<'a, R: ResponseHandler>(
     }
 }
 
-/// Binds UDP and TCP on one address. With port 0, both get the same free port.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<(UdpSocket, TcpListener)> {
-    if addr.port() != 0 {
-        return Ok((UdpSocket::bind(addr).await?, TcpListener::bind(addr).await?));
-    }
-    let mut last_error = None;
-    for _ in 0..32 {
-        let udp = UdpSocket::bind(addr).await?;
-        match TcpListener::bind(udp.local_addr()?).await {
-            Ok(tcp) => return Ok((udp, tcp)),
-            Err(e) => last_error = Some(e),
+fn udp_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(socket2::Protocol::UDP))?;
+    // Several sockets on one port, one per worker; the kernel spreads clients over them.
+    socket.set_reuse_port(true)?;
+    // Room for bursts while a worker is busy; the kernel caps it at net.core.rmem_max.
+    let _ = socket.set_recv_buffer_size(4 << 20);
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// Binds `udp_workers` UDP sockets and one TCP listener on one address. With port 0, all
+/// get the same free port.
+pub async fn bind(addr: SocketAddr, udp_workers: usize) -> std::io::Result<(Vec<std::net::UdpSocket>, TcpListener)> {
+    let mut attempts = 0;
+    loop {
+        let first = udp_socket(addr)?;
+        let local = first.local_addr()?;
+        match TcpListener::bind(local).await {
+            Ok(tcp) => {
+                let mut sockets = vec![first];
+                for _ in 1..udp_workers {
+                    sockets.push(udp_socket(local)?);
+                }
+                return Ok((sockets, tcp));
+            }
+            Err(e) if addr.port() != 0 || attempts == 32 => return Err(e),
+            Err(_) => attempts += 1,
         }
     }
-    Err(last_error.expect("tried at least once"))
 }
 
 /// The address `ns.<zone>` resolves to: where we listen, or loopback when listening on all.

@@ -1,6 +1,6 @@
 //! DNS over TCP with a bound on open connections and an idle timeout. hickory's own TCP
 //! listener spawns a task per connection without limit, so we accept here and feed each
-//! framed message to the same [`Authority`] the UDP server uses.
+//! framed message to the same [`Authority`] the UDP workers use.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,9 +21,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::Authority;
 
-/// Collects the one response the handler sends for a request.
-#[derive(Clone, Default)]
-struct Reply(Arc<Mutex<Option<Vec<u8>>>>);
+/// Collects the one response the handler sends for a request, encoded as hickory's own
+/// server would for `protocol`: over UDP within the response's EDNS payload (512 without),
+/// with TC set by the encoder if anything is cut.
+#[derive(Clone)]
+struct Reply {
+    protocol: Protocol,
+    bytes: Arc<Mutex<Option<Vec<u8>>>>,
+}
 
 #[async_trait::async_trait]
 impl ResponseHandler for Reply {
@@ -40,9 +45,12 @@ impl ResponseHandler for Reply {
     ) -> Result<ResponseInfo, NetError> {
         let mut bytes = Vec::with_capacity(512);
         let mut encoder = BinEncoder::new(&mut bytes);
-        encoder.set_max_size(u16::MAX);
+        encoder.set_max_size(match self.protocol {
+            Protocol::Udp => response.edns().map_or(512, |e| e.max_payload().max(512)),
+            _ => u16::MAX,
+        });
         let info = response.destructive_emit(&mut encoder)?;
-        *self.0.lock() = Some(bytes);
+        *self.bytes.lock() = Some(bytes);
         Ok(info)
     }
 }
@@ -54,9 +62,9 @@ pub async fn handle_bytes(authority: &Authority, message: Vec<u8>, src: SocketAd
     match Request::from_bytes(message, src, protocol) {
         Ok(request) if request.metadata.message_type == MessageType::Response => None,
         Ok(request) => {
-            let reply = Reply::default();
+            let reply = Reply { protocol, bytes: Arc::default() };
             authority.handle_request::<_, TokioTime>(&request, reply.clone()).await;
-            reply.0.lock().take()
+            reply.bytes.lock().take()
         }
         Err(_) => Message::error_msg(id, OpCode::Query, ResponseCode::FormErr).to_vec().ok(),
     }
