@@ -197,7 +197,7 @@ EOF
 echo
 echo "query mix: $QUERY_MIX over $((SERVICES * INSTANCES)) instances in $SERVICES services;" \
     "dnsperf -m $DNSPERF_MODE -c $CLIENTS -q $OUTSTANDING -T $DNSPERF_THREADS -l $DURATION, $ROUNDS rounds (order rotates)"
-echo "servers: $THREADS worker threads each (koder-dns TOKIO_WORKER_THREADS, NSD server-count + reuseport," \
+echo "servers: $THREADS worker threads each (koder-dns TOKIO_WORKER_THREADS and --dns-udp-workers, NSD server-count + reuseport," \
     "Knot udp/tcp-workers); NSD rrl off, minimal-responses $NSD_MINIMAL"
 echo "srv cores = server CPU time / run time; us CPU/q = server CPU per answered query;" \
     "rcvbuf drops = UDP RcvbufErrors (whole machine) during the runs; resp B = dnsperf's average response size"

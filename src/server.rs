@@ -99,7 +99,7 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         zone,
     };
     let registry = Arc::new(Registry::new(settings, clock));
-    let health_events = registry.subscribe();
+    let health_events = registry.subscribe_lifecycle();
     let store = Arc::new(open_store(&config, &registry).await?);
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();

@@ -74,16 +74,25 @@ fn flag(name: &str, value: Option<&str>) -> Result<bool, ApiError> {
 }
 
 /// R7: service names, or with `?detail=1` full instances; `?healthy_only=1`, `?name=`.
-pub async fn list(State(app): State<AppState>, params: Result<Query<ListParams>, QueryRejection>) -> Result<Json<Value>, ApiError> {
+pub async fn list(State(app): State<AppState>, params: Result<Query<ListParams>, QueryRejection>) -> Result<Json<Listing>, ApiError> {
     let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let filter = Filter {
         name: params.name.filter(|n| !n.is_empty()).map(|n| n.to_ascii_lowercase()),
         healthy_only: flag("healthy_only", params.healthy_only.as_deref())?,
     };
     let registry = &app.store.registry;
-    if flag("detail", params.detail.as_deref())? {
-        Ok(Json(json!({ "instances": registry.list(&filter) })))
+    // Serialised straight from the structs: a JSON value tree of 100k instances would cost
+    // several hundred megabytes on the way out.
+    Ok(if flag("detail", params.detail.as_deref())? {
+        Json(Listing::Instances(registry.list(&filter)))
     } else {
-        Ok(Json(json!({ "services": registry.service_names(&filter) })))
-    }
+        Json(Listing::Services(registry.service_names(&filter)))
+    })
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Listing {
+    Instances(Vec<Instance>),
+    Services(Vec<String>),
 }

@@ -27,6 +27,7 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// Bumped when the stored layout changes incompatibly.
 pub const SCHEMA_VERSION: u64 = 1;
 pub const FILE_NAME: &str = "registry.redb";
+const CACHE_BYTES: usize = 8 << 20;
 /// Most writes grouped into one commit.
 const MAX_BATCH: usize = 8192;
 
@@ -67,7 +68,13 @@ fn classify(path: &Path, e: DatabaseError) -> OpenError {
 
 fn open_db(path: &Path) -> Result<Database, OpenError> {
     // A file damaged outside redb would otherwise panic on first read; check it up front.
-    Database::builder().set_check_integrity_on_open(true).create(path).map_err(|e| classify(path, e))
+    // redb caches up to 1 GiB by default; memory is the source of truth here and the file
+    // is read only at start, so a small cache is enough.
+    Database::builder()
+        .set_check_integrity_on_open(true)
+        .set_cache_size(CACHE_BYTES)
+        .create(path)
+        .map_err(|e| classify(path, e))
 }
 
 /// What the file held at start.

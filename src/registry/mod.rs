@@ -84,6 +84,12 @@ pub struct Filter {
     pub healthy_only: bool,
 }
 
+struct Subscriber {
+    tx: mpsc::UnboundedSender<Event>,
+    /// Also `Renewed` and `HealthChanged`.
+    renewals: bool,
+}
+
 struct Entry {
     instance: Instance,
     lease: Arc<Lease>,
@@ -100,7 +106,7 @@ pub struct Registry {
     serial: AtomicU32,
     clock: Arc<dyn Clock>,
     settings: Settings,
-    subscribers: Mutex<Vec<mpsc::UnboundedSender<Event>>>,
+    subscribers: Mutex<Vec<Subscriber>>,
     expired_seen: Notify,
 }
 
@@ -158,14 +164,28 @@ impl Registry {
         self.len() == 0
     }
 
+    /// Every event, renewals and health flips included (the durable store).
     pub fn subscribe(&self) -> mpsc::UnboundedReceiver<Event> {
+        self.subscribe_to(true)
+    }
+
+    /// Registrations and removals only (the health checker), so a heartbeat wakes nobody
+    /// who does not care.
+    pub fn subscribe_lifecycle(&self) -> mpsc::UnboundedReceiver<Event> {
+        self.subscribe_to(false)
+    }
+
+    fn subscribe_to(&self, renewals: bool) -> mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = mpsc::unbounded_channel();
-        self.subscribers.lock().push(tx);
+        self.subscribers.lock().push(Subscriber { tx, renewals });
         rx
     }
 
     fn emit(&self, event: Event) {
-        self.subscribers.lock().retain(|tx| tx.send(event.clone()).is_ok());
+        let lifecycle = matches!(event, Event::Upserted(_) | Event::Removed(_));
+        self.subscribers
+            .lock()
+            .retain(|s| !(lifecycle || s.renewals) || s.tx.send(event.clone()).is_ok());
     }
 
     fn bump(&self) {
@@ -473,8 +493,16 @@ impl Registry {
 
     /// Names of the services with at least one instance matching `filter`, sorted.
     pub fn service_names(&self, filter: &Filter) -> Vec<String> {
-        let mut names: Vec<String> = self.list(filter).into_iter().map(|i| i.name).collect();
-        names.dedup();
+        let now = self.clock.now();
+        let keep = |member: &Member| member.lease.alive(now) && (!filter.healthy_only || member.healthy);
+        let mut names: Vec<String> = self
+            .services
+            .iter()
+            .filter(|view| filter.name.as_ref().is_none_or(|n| n == view.key()))
+            .filter(|view| view.members.iter().any(|m| keep(m)))
+            .map(|view| view.key().clone())
+            .collect();
+        names.sort_unstable();
         names
     }
 
