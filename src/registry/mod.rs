@@ -281,7 +281,8 @@ impl Registry {
     }
 
     /// R2: an idempotent upsert. Re-registering a live id keeps `registered_at` and, when
-    /// the health checker owns the flag and the check settings are unchanged, `healthy`;
+    /// the health checker owns the flag and the check settings, address and port are
+    /// unchanged, `healthy`;
     /// registering an id whose lease has run out is a new registration.
     pub fn register(&self, spec: Spec) -> Result<Registered, RegistryError> {
         let now = self.clock.now();
@@ -309,7 +310,9 @@ impl Registry {
                 let alive = entry.lease.alive(now);
                 let old = &entry.instance;
                 let old_check = CheckSpec::from_labels(&old.metadata, &old.tags).expect("stored specs are valid");
-                let keep_health = alive && self.checked(&new_check) && old_check == new_check;
+                // The checker restarts on new settings or a new target; so does the flag.
+                let same_check = old_check == new_check && old.address == spec.address && old.port == spec.port;
+                let keep_health = alive && self.checked(&new_check) && same_check;
                 let instance = stamp(
                     if alive { old.registered_at } else { now },
                     if keep_health { old.healthy } else { spec.healthy },

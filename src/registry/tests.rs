@@ -799,3 +799,24 @@ fn tags_and_metadata_are_kept() {
     assert_eq!(s.tags, vec!["a".to_owned(), "container=voice-1".to_owned()]);
     assert_eq!(s.metadata.get("service").map(String::as_str), Some("voice"));
 }
+
+#[test]
+fn re_registering_at_a_new_address_resets_a_checked_flag() {
+    let (registry, _) = registry(std::time::Duration::from_secs(90));
+    let spec = |address: &str| {
+        Registration {
+            id: Some("x".into()),
+            name: Some("svc".into()),
+            address: Some(address.into()),
+            port: Some(80),
+            metadata: Some([("check".to_owned(), "tcp".to_owned())].into()),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap()
+    };
+    registry.register(spec("10.0.0.1")).unwrap();
+    assert!(registry.set_health("x", false));
+    assert!(!registry.register(spec("10.0.0.1")).unwrap().instance.healthy, "the same target keeps the checker's verdict");
+    assert!(registry.register(spec("10.0.0.2")).unwrap().instance.healthy, "a new address starts over with the registrant's flag");
+}
