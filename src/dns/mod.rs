@@ -134,10 +134,11 @@ impl RequestHandler for Authority {
         let (n_answers, n_additionals) = fit(request, &answers, soa_slice, &additionals, limit, opt);
         // Whatever does not fit is announced with TC, never dropped silently: the client
         // retries over TCP and gets every record.
+        // `fit` keeps no additional records once an answer is cut.
         if n_answers < answers.len() || n_additionals < additionals.len() {
             meta.truncation = true;
             answers.truncate(n_answers);
-            additionals.truncate(if n_answers < answers.len() { 0 } else { n_additionals });
+            additionals.truncate(n_additionals);
         }
         let message = builder.build(meta, answers.iter(), [].iter(), soa_slice.iter(), additionals.iter());
         send(response, message).await
