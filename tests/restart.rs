@@ -893,3 +893,35 @@ async fn disk_full_gives_503_changes_nothing_and_recovers() {
     assert_eq!(listed, expected, "everything acknowledged survives the restart, nothing else appears");
     drop(proc);
 }
+
+/// After a restart an instance comes back with its last flag and its check runs again: a
+/// listener that went away while the server was down turns it unhealthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restored_instances_are_checked_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let proc = launch_ok(&data, &[]).await;
+    let client = client();
+    let body = json!({"id": "probed", "name": "probed", "address": "127.0.0.1", "port": port,
+                      "metadata": {"check": "tcp", "check_interval": "100ms", "check_timeout": "200ms"}});
+    let (status, response) = post(&client, &proc.base(), "/services/register", &body).await.unwrap();
+    assert_eq!(status, 200, "{response}");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(instances(&client, &proc.base()).await["probed"]["healthy"], json!(true), "the listener is up");
+
+    let (status, _) = proc.terminate().await;
+    assert!(status.success());
+    drop(listener);
+    let proc = launch_ok(&data, &[]).await;
+    assert_eq!(instances(&client, &proc.base()).await["probed"]["healthy"], json!(true), "restored with its last flag");
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        if instances(&client, &proc.base()).await["probed"]["healthy"] == json!(false) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the restored instance was not checked again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
