@@ -12,6 +12,9 @@
 #   THREADS=2         worker threads for every server (koder-dns: TOKIO_WORKER_THREADS,
 #                     NSD: server-count, Knot: udp-workers and tcp-workers)
 #   SERVICES=200 INSTANCES=5
+#   FILL_SERVICES=0 FILL_INSTANCES=5   extra "fill<n>" instances registered in
+#                     koder-dns only (not in the peers' zone, never queried):
+#                     registry size without changing the queries
 #   QUERY_MIX=srv=60,a=20,txt=10,nx=10
 #   CLIENTS=8 OUTSTANDING=200 DNSPERF_THREADS=1   dnsperf -c, -q, -T
 #   DNSPERF_MODE=udp  (or tcp)
@@ -33,6 +36,8 @@ ROUNDS="${ROUNDS:-3}"
 WARMUP="${WARMUP:-2}"
 SERVICES="${SERVICES:-200}"
 INSTANCES="${INSTANCES:-5}"
+FILL_SERVICES="${FILL_SERVICES:-0}"
+FILL_INSTANCES="${FILL_INSTANCES:-5}"
 QUERY_MIX="${QUERY_MIX:-srv=60,a=20,txt=10,nx=10}"
 CLIENTS="${CLIENTS:-8}"
 OUTSTANDING="${OUTSTANDING:-200}"
@@ -51,7 +56,8 @@ KODER_BIN="$(koder_bin)"
 
 IN="$BENCH_TMP/in"
 python3 "$BENCH_LIB_DIR/gen.py" "$IN" --services "$SERVICES" --instances "$INSTANCES" \
-    --mix "$QUERY_MIX" --domain "$DOMAIN" >&2
+    --mix "$QUERY_MIX" --domain "$DOMAIN" \
+    --fill-services "$FILL_SERVICES" --fill-instances "$FILL_INSTANCES" >&2
 
 declare -A PORT PID
 SERVERS=(koder)
@@ -72,6 +78,13 @@ reg="$(python3 "$BENCH_LIB_DIR/httpload.py" post --port "$HTTP_PORT" --key "$API
     --path /api/v1/services/register --file "$IN/register.jsonl" --procs 4 --strict)" \
     || die "registration failed: $reg"
 log "registered: $reg"
+if [[ -s $IN/fill.jsonl ]]; then
+    log "registering $((FILL_SERVICES * FILL_INSTANCES)) filler instances (koder-dns only)"
+    reg="$(python3 "$BENCH_LIB_DIR/httpload.py" post --port "$HTTP_PORT" --key "$API_KEY" \
+        --path /api/v1/services/register --file "$IN/fill.jsonl" --procs 4 --conns 8 --strict)" \
+        || die "filler registration failed: $reg"
+    log "registered filler: $reg"
+fi
 
 for p in $PEERS; do
     PORT[$p]="$(free_port)"
@@ -197,6 +210,10 @@ EOF
 echo
 echo "query mix: $QUERY_MIX over $((SERVICES * INSTANCES)) instances in $SERVICES services;" \
     "dnsperf -m $DNSPERF_MODE -c $CLIENTS -q $OUTSTANDING -T $DNSPERF_THREADS -l $DURATION, $ROUNDS rounds (order rotates)"
+if [[ $FILL_SERVICES -gt 0 ]]; then
+    echo "koder-dns also holds $((FILL_SERVICES * FILL_INSTANCES)) filler instances in $FILL_SERVICES services" \
+        "(never queried; not in the peers' zone): $((SERVICES * INSTANCES + FILL_SERVICES * FILL_INSTANCES)) registered in all"
+fi
 echo "servers: $THREADS worker threads each (koder-dns TOKIO_WORKER_THREADS and --dns-udp-workers, NSD server-count + reuseport," \
     "Knot udp/tcp-workers); NSD rrl off, minimal-responses $NSD_MINIMAL"
 echo "srv cores = server CPU time / run time; us CPU/q = server CPU per answered query;" \

@@ -9,6 +9,10 @@ The same description (S services x I instances) becomes:
   heartbeat.jsonl      one heartbeat body {"id": ...} per line
   queries.txt          dnsperf input: "name TYPE" lines in the query mix
   check.txt            a few "name TYPE" lines used to compare answers
+  fill.jsonl           (with --fill-services) registration bodies of a second,
+                       filler fleet "fill<n>": koder-dns only, never in the
+                       zone file or the queries (registry size without
+                       changing what is asked)
 
 Instance k (0-based, k = service * I + instance):
   name     svc<service>                (zero padded)
@@ -20,6 +24,10 @@ Instance k (0-based, k = service * I + instance):
 usage: gen.py OUTDIR [--services N] [--instances N] [--domain D]
                      [--queries N] [--mix srv=60,a=20,txt=10,nx=10] [--seed N]
                      [--ttl-s N] [--lease-s N] [--no-zone]
+                     [--fill-services N] [--fill-instances N]
+
+Filler instance j (0-based) is numbered k = S*I + j for its address (no
+address is shared with the main fleet), name fill<service>.
 """
 import argparse
 import json
@@ -36,11 +44,11 @@ def hex_of(addr):
     return "".join(f"{int(o):02x}" for o in addr.split("."))
 
 
-def instances(services, per, width):
+def instances(services, per, width, prefix="svc", k0=0):
     for s in range(services):
-        name = f"svc{s:0{width}d}"
+        name = f"{prefix}{s:0{width}d}"
         for i in range(per):
-            k = s * per + i
+            k = k0 + s * per + i
             address = addr_of(k)
             port = 8000 + i
             yield {
@@ -75,6 +83,8 @@ def main():
     ap.add_argument("--neg-ttl-s", type=int, default=5, help="SOA minimum (koder-dns --negative-ttl)")
     ap.add_argument("--lease-s", type=int, default=3600, help="ttl_ns of each registration")
     ap.add_argument("--no-zone", action="store_true", help="only register.jsonl / heartbeat.jsonl")
+    ap.add_argument("--fill-services", type=int, default=0, help="filler fleet services (fill.jsonl)")
+    ap.add_argument("--fill-instances", type=int, default=5, help="instances per filler service")
     a = ap.parse_args()
 
     os.makedirs(a.outdir, exist_ok=True)
@@ -90,6 +100,14 @@ def main():
     with open(os.path.join(a.outdir, "heartbeat.jsonl"), "w") as f:
         for inst in insts:
             f.write(json.dumps({"id": inst["id"]}, separators=(",", ":")) + "\n")
+    nfill = a.fill_services * a.fill_instances
+    if nfill:
+        if len(insts) + nfill >= 1 << 24:
+            raise SystemExit("too many instances for the 10.x.y.z address scheme")
+        fwidth = max(3, len(str(a.fill_services - 1)))
+        with open(os.path.join(a.outdir, "fill.jsonl"), "w") as f:
+            for inst in instances(a.fill_services, a.fill_instances, fwidth, "fill", len(insts)):
+                f.write(json.dumps(dict(inst, ttl_ns=lease_ns), separators=(",", ":")) + "\n")
     if a.no_zone:
         return
 
@@ -146,7 +164,8 @@ def main():
         for name in (names[0], names[len(names) // 2], names[-1]):
             f.write(f"_{name}._tcp.{dom}. SRV\n{name}.{dom}. A\n{name}.{dom}. TXT\n")
         f.write(f"nosuch.{dom}. A\n{names[0]}.{dom}. AAAA\n")
-    print(f"{len(insts)} instances in {len(names)} services; {a.queries} queries; mix {a.mix}")
+    fill = f"; filler {nfill} instances in {a.fill_services} services (koder-dns only)" if nfill else ""
+    print(f"{len(insts)} instances in {len(names)} services; {a.queries} queries; mix {a.mix}{fill}")
 
 
 if __name__ == "__main__":

@@ -150,13 +150,12 @@ impl ZoneAnswerer {
                 let additionals = members
                     .iter()
                     .filter(|m| m.records.ip.is_some_and(|ip| seen.insert(ip)))
-                    .filter_map(|m| m.records.glue.as_ref())
-                    .map(|(name, rd)| Record::from_rdata(name.clone(), ttl, rd.clone()))
+                    .filter_map(|m| m.records.glue(ttl))
                     .collect();
-                let answers = records(owner, ttl, members.iter().map(|m| m.records.srv.clone()));
+                let answers = records(owner, ttl, members.iter().map(|m| m.records.srv()));
                 return Answer::Records { answers, additionals };
             }
-            (RecordType::TXT, _) => records(owner, ttl, members.iter().map(|m| m.records.txt.clone())),
+            (RecordType::TXT, _) => records(owner, ttl, members.iter().map(|m| m.records.txt())),
             (RecordType::A | RecordType::AAAA, None) => {
                 let want_v4 = qtype == RecordType::A;
                 let mut seen = HashSet::new();
