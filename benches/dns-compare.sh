@@ -74,16 +74,10 @@ HTTP_PORT="$(free_port)"
 start_koder "${PORT[koder]}" "$HTTP_PORT"
 PID[koder]="$KODER_PID"
 log "registering $((SERVICES * INSTANCES)) instances over REST"
-reg="$(python3 "$BENCH_LIB_DIR/httpload.py" post --port "$HTTP_PORT" --key "$API_KEY" \
-    --path /api/v1/services/register --file "$IN/register.jsonl" --procs 4 --strict)" \
-    || die "registration failed: $reg"
-log "registered: $reg"
+register_jsonl "$IN/register.jsonl" "live instances" --procs 4
 if [[ -s $IN/fill.jsonl ]]; then
     log "registering $((FILL_SERVICES * FILL_INSTANCES)) filler instances (koder-dns only)"
-    reg="$(python3 "$BENCH_LIB_DIR/httpload.py" post --port "$HTTP_PORT" --key "$API_KEY" \
-        --path /api/v1/services/register --file "$IN/fill.jsonl" --procs 4 --conns 8 --strict)" \
-        || die "filler registration failed: $reg"
-    log "registered filler: $reg"
+    register_jsonl "$IN/fill.jsonl" filler --procs 4 --conns 8
 fi
 
 for p in $PEERS; do

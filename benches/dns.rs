@@ -71,12 +71,12 @@ fn bench(c: &mut Criterion) {
             });
             let bytes = query(&owner.to_ascii(), RecordType::SRV);
             group.bench_function(BenchmarkId::new(format!("udp_srv_{service}"), total), |b| {
-                b.iter(|| runtime.block_on(koder_dns::dns::tcp::handle_bytes(&authority, bytes.clone(), src, Protocol::Udp)).unwrap())
+                b.iter(|| runtime.block_on(koder_dns::dns::handle_bytes(&authority, bytes.clone(), src, Protocol::Udp)).unwrap())
             });
         }
         let nx = query("missing.service.koder.", RecordType::A);
         group.bench_function(BenchmarkId::new("udp_nxdomain", total), |b| {
-            b.iter(|| runtime.block_on(koder_dns::dns::tcp::handle_bytes(&authority, nx.clone(), src, Protocol::Udp)).unwrap())
+            b.iter(|| runtime.block_on(koder_dns::dns::handle_bytes(&authority, nx.clone(), src, Protocol::Udp)).unwrap())
         });
     }
     group.finish();

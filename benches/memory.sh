@@ -38,10 +38,7 @@ sleep 1
 RSS0="$(rss_kib "$KODER_PID")"
 log "baseline VmRSS ${RSS0} KiB; registering $N instances ($PROCS procs x $CONNS conns)"
 
-reg="$(python3 "$BENCH_LIB_DIR/httpload.py" post --port "$HTTP_PORT" --key "$API_KEY" \
-    --path /api/v1/services/register --file "$IN/register.jsonl" --procs "$PROCS" --conns "$CONNS" \
-    --max-seconds 600 --strict)" || die "registration failed: $reg"
-log "registered: $reg"
+register_jsonl "$IN/register.jsonl" instances --procs "$PROCS" --conns "$CONNS" --max-seconds 600
 sleep "$SETTLE"
 RSS1="$(rss_kib "$KODER_PID")"
 HWM1="$(hwm_kib "$KODER_PID")"
@@ -84,7 +81,7 @@ RSS4="$(rss_kib "$KODER_PID")"
 restored="$(curl -s -H "X-API-Key: $API_KEY" "http://$BENCH_HOST:$HTTP_PORT/api/v1/services?detail=1&name=${SNAMES[0]}" |
     python3 -c 'import json,sys; print(len(json.load(sys.stdin)["instances"]))')"
 
-python3 - "$N" "$RSS0" "$RSS1" "$HWM1" "$RSS2" "$RSS3" "$HWM3" "$DISK" "$reg" "$detail" "$names" "$srv" "$PER_SERVICE" "$RSS2B" "${#SNAMES[@]}" "$RSS4" "$restored" <<'EOF'
+python3 - "$N" "$RSS0" "$RSS1" "$HWM1" "$RSS2" "$RSS3" "$HWM3" "$DISK" "$REGISTERED" "$detail" "$names" "$srv" "$PER_SERVICE" "$RSS2B" "${#SNAMES[@]}" "$RSS4" "$restored" <<'EOF'
 import json, sys
 n, rss0, rss1, hwm1, rss2, rss3, hwm3, disk = (int(x) for x in sys.argv[1:9])
 reg = json.loads(sys.argv[9])

@@ -36,10 +36,7 @@ DNS_PORT="$(free_port)"
 HTTP_PORT="$(free_port)"
 start_koder "$DNS_PORT" "$HTTP_PORT"
 log "registering $((SERVICES * INSTANCES)) live instances (lease 1 h)"
-reg="$(python3 "$BENCH_LIB_DIR/httpload.py" post --port "$HTTP_PORT" --key "$API_KEY" \
-    --path /api/v1/services/register --file "$IN/register.jsonl" --procs 4 --strict)" \
-    || die "registration failed: $reg"
-log "registered: $reg"
+register_jsonl "$IN/register.jsonl" "live instances" --procs 4
 
 # quick functional check of each route before loading it
 hb_id="$(head -n1 "$IN/heartbeat.jsonl")"

@@ -220,3 +220,15 @@ machine_note() {
 udp_rcvbuf_errors() {
     awk '/^Udp:/ { if (!h) { for (i = 1; i <= NF; i++) if ($i == "RcvbufErrors") c = i; h = 1 } else print $c }' /proc/net/snmp
 }
+
+# register_jsonl FILE WHAT [httpload.py options...]: POSTs every line of FILE to the
+# register route of the koder-dns on $HTTP_PORT; dies on any failure, leaves the JSON
+# summary in REGISTERED.
+register_jsonl() {
+    local file="$1" what="$2"
+    shift 2
+    REGISTERED="$(python3 "$BENCH_LIB_DIR/httpload.py" post --port "$HTTP_PORT" --key "$API_KEY" \
+        --path /api/v1/services/register --file "$file" --strict "$@")" \
+        || die "$what registration failed: $REGISTERED"
+    log "registered $what: $REGISTERED"
+}

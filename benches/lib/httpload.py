@@ -85,6 +85,17 @@ class Conn:
         return status, data
 
 
+def merge(results):
+    """Adds up (status counts, errors, first error sample) from several workers."""
+    status, errors, sample = {}, 0, None
+    for st, err, smp in results:
+        for k, v in st.items():
+            status[k] = status.get(k, 0) + v
+        errors += err
+        sample = sample or smp
+    return status, errors, sample
+
+
 def worker(args):
     port, path, key, bodies, deadline, conns = args
     if conns > 1:
@@ -97,13 +108,7 @@ def worker(args):
             t.start()
         for t in ts:
             t.join()
-        status, errors, sample = {}, 0, None
-        for st, err, smp in results:
-            for k, v in st.items():
-                status[k] = status.get(k, 0) + v
-            errors += err
-            sample = sample or smp
-        return status, errors, sample
+        return merge(results)
     c = Conn(port)
     status = {}
     errors = 0
@@ -156,12 +161,7 @@ def main():
     with mp.Pool(procs) as pool:
         results = pool.map(worker, slices)
     elapsed = time.perf_counter() - t0
-    status, errors, sample = {}, 0, None
-    for st, err, smp in results:
-        for k, v in st.items():
-            status[k] = status.get(k, 0) + v
-        errors += err
-        sample = sample or smp
+    status, errors, sample = merge(results)
     ok = sum(v for k, v in status.items() if 200 <= k < 300)
     out = {
         "sent": sum(status.values()) + errors,
