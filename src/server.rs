@@ -44,7 +44,7 @@ async fn open_store(config: &Config, registry: &Arc<Registry>) -> anyhow::Result
     if !dead.is_empty() {
         disk.write(dead).await.map_err(|e| anyhow::anyhow!("cannot remove expired instances from disk: {e}"))?;
     }
-    Ok(Store::new(registry.clone(), Some(disk)))
+    Ok(Store::new(registry.clone(), disk))
 }
 
 /// A started server.
@@ -69,9 +69,6 @@ impl Running {
         self.store.close().await;
     }
 
-    pub fn shutdown_token(&self) -> CancellationToken {
-        self.shutdown.clone()
-    }
 }
 
 pub async fn start(config: Config) -> anyhow::Result<Running> {

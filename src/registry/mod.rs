@@ -136,10 +136,6 @@ impl Registry {
         &self.settings.zone
     }
 
-    pub fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
     /// The SOA serial: grows with every change that alters a DNS answer.
     pub fn serial(&self) -> u32 {
         self.serial.load(Ordering::Acquire)

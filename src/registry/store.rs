@@ -25,14 +25,14 @@ const STRIPES: usize = 1024;
 
 pub struct Store {
     pub registry: Arc<Registry>,
-    disk: Option<Disk>,
+    disk: Disk,
     /// Serialises register/deregister per id so an undo never overwrites a later change.
     stripes: Box<[Mutex<()>]>,
     hasher: RandomState,
 }
 
 impl Store {
-    pub fn new(registry: Arc<Registry>, disk: Option<Disk>) -> Self {
+    pub fn new(registry: Arc<Registry>, disk: Disk) -> Self {
         Self { registry, disk, stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(), hasher: RandomState::new() }
     }
 
@@ -41,10 +41,7 @@ impl Store {
     }
 
     async fn commit(&self, id: &str) -> Result<(), StoreError> {
-        match &self.disk {
-            Some(disk) => disk.write(vec![id.into()]).await.map_err(StoreError::Unavailable),
-            None => Ok(()),
-        }
+        self.disk.write(vec![id.into()]).await.map_err(StoreError::Unavailable)
     }
 
     pub async fn register(&self, spec: Spec) -> Result<Registered, StoreError> {
@@ -77,8 +74,6 @@ impl Store {
 
     /// Writes everything still pending and stops the writer.
     pub async fn close(&self) {
-        if let Some(disk) = &self.disk {
-            disk.close().await;
-        }
+        self.disk.close().await;
     }
 }
