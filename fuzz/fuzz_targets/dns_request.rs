@@ -1,5 +1,5 @@
 //! A raw DNS message, as the UDP and TCP servers receive it, through
-//! `dns::tcp::handle_bytes` on an authority with registered instances and the static zones
+//! `dns::handle_bytes` on an authority with registered instances and the static zones
 //! of `zones/`.
 //!
 //! Checks: no panic; a reply, if any, decodes with `Message::from_vec`, is a response, has
@@ -17,7 +17,7 @@ use hickory_server::net::xfer::Protocol;
 use hickory_server::server::Request;
 use koder_dns::dns::answer::ZoneAnswerer;
 use koder_dns::dns::records::ZoneNames;
-use koder_dns::dns::{Authority, MAX_UDP_PAYLOAD, tcp::handle_bytes};
+use koder_dns::dns::{Authority, MAX_UDP_PAYLOAD, handle_bytes};
 use koder_dns::health::CheckKind;
 use koder_dns::registry::clock::ManualClock;
 use koder_dns::registry::instance::Registration;

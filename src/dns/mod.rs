@@ -2,10 +2,13 @@
 //! zone files answered by hickory's Catalog, behind one hickory `Server`.
 
 pub mod answer;
+mod message;
 pub mod records;
 pub mod tcp;
 pub mod udp;
 pub mod zones;
+
+pub use message::handle_bytes;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

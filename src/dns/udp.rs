@@ -15,8 +15,7 @@ use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::Authority;
-use super::tcp::handle_bytes;
+use super::{Authority, handle_bytes};
 
 /// Largest datagram we read; hickory's UDP server reads the same.
 const RECV_BUFFER: usize = 4096;
