@@ -57,6 +57,7 @@ fn query(name: &str, rtype: RecordType) -> Vec<u8> {
 fn bench(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let src: SocketAddr = "127.0.0.1:5353".parse().unwrap();
+    let mut out = Vec::new();
     let mut group = c.benchmark_group("dns");
     for total in [1_000, 100_000] {
         let registry = registry(total);
@@ -71,12 +72,12 @@ fn bench(c: &mut Criterion) {
             });
             let bytes = query(&owner.to_ascii(), RecordType::SRV);
             group.bench_function(BenchmarkId::new(format!("udp_srv_{service}"), total), |b| {
-                b.iter(|| runtime.block_on(koder_dns::dns::handle_bytes(&authority, bytes.clone(), src, Protocol::Udp)).unwrap())
+                b.iter(|| runtime.block_on(koder_dns::dns::handle_bytes(&authority, &bytes, src, Protocol::Udp, &mut out)))
             });
         }
         let nx = query("missing.service.koder.", RecordType::A);
         group.bench_function(BenchmarkId::new("udp_nxdomain", total), |b| {
-            b.iter(|| runtime.block_on(koder_dns::dns::handle_bytes(&authority, nx.clone(), src, Protocol::Udp)).unwrap())
+            b.iter(|| runtime.block_on(koder_dns::dns::handle_bytes(&authority, &nx, src, Protocol::Udp, &mut out)))
         });
     }
     group.finish();

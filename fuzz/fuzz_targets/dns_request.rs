@@ -5,7 +5,8 @@
 //! Checks: no panic; a reply, if any, decodes with `Message::from_vec`, is a response, has
 //! the request's id; over UDP it fits the request's EDNS payload (512 without EDNS, clamped
 //! to 512..=4096 as the server does); over TCP it fits a 16-bit length prefix; and a UDP
-//! reply without TC has as many answers as the TCP reply (nothing dropped silently).
+//! reply without TC has as many answers as the TCP reply (nothing dropped silently); and
+//! whatever the fast path (prepared answers) answers, the full path answers the same way.
 #![no_main]
 
 use std::net::SocketAddr;
@@ -13,11 +14,12 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use hickory_proto::op::{Message, MessageType};
+use hickory_proto::rr::Record;
 use hickory_server::net::xfer::Protocol;
 use hickory_server::server::Request;
 use koder_dns::dns::answer::ZoneAnswerer;
 use koder_dns::dns::records::ZoneNames;
-use koder_dns::dns::{Authority, MAX_UDP_PAYLOAD, handle_bytes};
+use koder_dns::dns::{Authority, MAX_UDP_PAYLOAD, handle_bytes, handle_full, handle_prepared};
 use koder_dns::health::CheckKind;
 use koder_dns::registry::clock::ManualClock;
 use koder_dns::registry::instance::Registration;
@@ -105,12 +107,36 @@ fn check(data: &[u8], reply: &Option<Vec<u8>>, protocol: Protocol) -> Option<Mes
     Some(message)
 }
 
+fn sorted(records: &[Record]) -> Vec<String> {
+    let mut out: Vec<String> = records.iter().map(|r| r.to_string().to_ascii_lowercase()).collect();
+    out.sort();
+    out
+}
+
+/// Whatever the fast path answers, the full path answers the same way.
+fn same_as_full_path(world: &World, data: &[u8], src: SocketAddr, protocol: Protocol) {
+    let mut fast = Vec::new();
+    if !handle_prepared(&world.authority, data, protocol, &mut fast) {
+        return;
+    }
+    let mut full = Vec::new();
+    assert!(world.runtime.block_on(handle_full(&world.authority, data, src, protocol, &mut full)), "only the fast path answered");
+    let (f, s) = (Message::from_vec(&fast).expect("fast reply decodes"), Message::from_vec(&full).expect("full reply decodes"));
+    assert_eq!(f.metadata, s.metadata, "{protocol:?} header");
+    assert_eq!(f.queries, s.queries, "{protocol:?} question");
+    assert_eq!(sorted(&f.answers), sorted(&s.answers), "{protocol:?} answers");
+    assert_eq!(sorted(&f.authorities), sorted(&s.authorities), "{protocol:?} authority");
+    assert_eq!(sorted(&f.additionals), sorted(&s.additionals), "{protocol:?} additional");
+    assert_eq!(f.edns.is_some(), s.edns.is_some(), "{protocol:?} OPT");
+}
+
 fuzz_target!(|data: &[u8]| {
     let world = world();
     let src: SocketAddr = "127.0.0.1:40000".parse().unwrap();
     let (udp, tcp) = world.runtime.block_on(async {
-        let udp = handle_bytes(&world.authority, data.to_vec(), src, Protocol::Udp).await;
-        let tcp = handle_bytes(&world.authority, data.to_vec(), src, Protocol::Tcp).await;
+        let (mut udp, mut tcp) = (Vec::new(), Vec::new());
+        let udp = handle_bytes(&world.authority, data, src, Protocol::Udp, &mut udp).await.then_some(udp);
+        let tcp = handle_bytes(&world.authority, data, src, Protocol::Tcp, &mut tcp).await.then_some(tcp);
         (udp, tcp)
     });
     assert_eq!(udp.is_some(), tcp.is_some(), "UDP and TCP disagree on whether to reply");
@@ -122,4 +148,6 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(udp.answers.len(), tcp.answers.len(), "a UDP reply without TC dropped answers");
         }
     }
+    same_as_full_path(world, data, src, Protocol::Udp);
+    same_as_full_path(world, data, src, Protocol::Tcp);
 });

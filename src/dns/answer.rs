@@ -7,9 +7,12 @@ use std::sync::Arc;
 use hickory_proto::rr::rdata::HINFO;
 use hickory_proto::rr::{LowerName, Name, RData, Record, RecordType};
 
+use super::prepared::{Orders, Prepared, ROTATIONS};
 use super::records::{address_rdata, parse_addr_label};
 use crate::registry::Registry;
-use crate::registry::view::Member;
+use crate::registry::clock::Nanos;
+use crate::registry::lease::{Lease, NEVER};
+use crate::registry::view::{Member, ServiceView};
 
 /// The outcome of a lookup in the service zone.
 #[derive(Debug, PartialEq)]
@@ -110,14 +113,11 @@ impl ZoneAnswerer {
         Answer::Records { answers: vec![Record::from_rdata(owner.clone(), NS_TTL, address_rdata(ip))], additionals: vec![] }
     }
 
-    /// The members of a service that DNS may hand out, shuffled so load spreads, and the
-    /// TTL their RRsets get: `--dns-ttl`, capped by the shortest remaining lease.
-    fn live_members(&self, service: &[u8], protocol: Option<&[u8]>, now: i64) -> (Vec<Arc<Member>>, u32) {
-        let Some(view) = std::str::from_utf8(service).ok().and_then(|s| self.registry.view(s)) else {
-            return (Vec::new(), 0);
-        };
+    /// The members of `view` that DNS may hand out for `protocol` (any when `None`), in view
+    /// order. Meeting an expired one wakes the reaper.
+    fn answerable(&self, view: &ServiceView, protocol: Option<&[u8]>, now: Nanos) -> Vec<Arc<Member>> {
         let mut expired = false;
-        let mut members: Vec<Arc<Member>> = view
+        let members = view
             .members
             .iter()
             .filter(|m| protocol.is_none_or(|p| m.protocol.as_bytes() == p))
@@ -131,43 +131,98 @@ impl ZoneAnswerer {
         if expired {
             self.registry.expired_seen();
         }
-        fastrand::shuffle(&mut members);
-        let ttl = members
-            .iter()
-            .map(|m| m.lease.remaining_secs(now))
-            .fold(self.dns_ttl as u64, u64::min) as u32;
-        (members, ttl)
+        members
     }
 
-    fn service_answer(&self, service: &[u8], protocol: Option<&[u8]>, owner: &Name, qtype: RecordType, now: i64) -> Answer {
-        let (members, ttl) = self.live_members(service, protocol, now);
+
+    fn service_answer(&self, service: &[u8], protocol: Option<&[u8]>, owner: &Name, qtype: RecordType, now: Nanos) -> Answer {
+        let Some(view) = std::str::from_utf8(service).ok().and_then(|s| self.registry.view(s)) else {
+            return Answer::NxDomain;
+        };
+        let mut members = self.answerable(&view, protocol, now);
         if members.is_empty() {
             return Answer::NxDomain;
         }
-        let answers = match (qtype, protocol) {
-            (RecordType::SRV, Some(_)) => {
-                let mut seen = HashSet::new();
-                let additionals = members
-                    .iter()
-                    .filter(|m| m.records.ip.is_some_and(|ip| seen.insert(ip)))
-                    .filter_map(|m| m.records.glue(ttl))
-                    .collect();
-                let answers = records(owner, ttl, members.iter().map(|m| m.records.srv()));
-                return Answer::Records { answers, additionals };
-            }
-            (RecordType::TXT, _) => records(owner, ttl, members.iter().map(|m| m.records.txt())),
-            (RecordType::A | RecordType::AAAA, None) => {
-                let want_v4 = qtype == RecordType::A;
-                let mut seen = HashSet::new();
-                let ips = members
-                    .iter()
-                    .filter_map(|m| m.records.ip)
-                    .filter(|ip| ip.is_ipv4() == want_v4 && seen.insert(*ip));
-                records(owner, ttl, ips.map(address_rdata))
-            }
-            (RecordType::ANY, _) => return minimal_any(owner),
-            _ => Vec::new(),
-        };
-        if answers.is_empty() { Answer::NoData } else { Answer::Records { answers, additionals: vec![] } }
+        // Shuffled so that load spreads.
+        fastrand::shuffle(&mut members);
+        let ttl = Lease::ttl_at(earliest(&members), now, self.dns_ttl);
+        service_records(&members, owner, qtype, protocol.is_some(), ttl)
     }
+
+    /// Calls `f` with the prepared answer for `qtype` at `qname` (inside the zone), when
+    /// `qname` is a service name with records of that type. Everything else takes
+    /// [`Self::answer`].
+    pub fn prepared<R>(&self, qname: &LowerName, qtype: RecordType, f: impl FnOnce(&Prepared) -> R) -> Option<R> {
+        if !matches!(qtype, RecordType::SRV | RecordType::A | RecordType::AAAA | RecordType::TXT) {
+            return None;
+        }
+        let mut labels = qname.iter();
+        let (service, protocol) = match qname.num_labels() - self.registry.zone().origin_lower.num_labels() {
+            1 => (labels.next()?, None),
+            2 => (labels.next()?.strip_prefix(b"_")?, Some(labels.next()?.strip_prefix(b"_")?)),
+            _ => return None,
+        };
+        let now = self.registry.now();
+        // Service names are single labels that cannot be `ns` or `addr` or start with `_`,
+        // so a view found here is exactly a `[service]` or `[_service, _protocol]` name.
+        self.registry.with_view(std::str::from_utf8(service).ok()?, |view| {
+            let build = || {
+                let members = self.answerable(view, protocol, now);
+                let n = members.len();
+                let rotations = n.min(ROTATIONS);
+                let owner = Name::from(qname);
+                let earliest = earliest(&members);
+                let ttl = Lease::ttl_at(earliest, now, self.dns_ttl);
+                let mut orders = Vec::with_capacity(rotations);
+                for r in 0..rotations {
+                    let mut rotated = members.clone();
+                    rotated.rotate_left(r * n / rotations);
+                    match service_records(&rotated, &owner, qtype, protocol.is_some(), ttl) {
+                        Answer::Records { answers, additionals } => orders.push((answers, additionals)),
+                        _ => return None,
+                    }
+                }
+                if orders.is_empty() {
+                    return None;
+                }
+                Some(Prepared::encode(Orders { owner, qtype, ttl, earliest, orders }))
+            };
+            view.prepared.with(qtype, protocol, now, build, f)
+        })?
+    }
+}
+
+/// The earliest lease deadline of `members`.
+fn earliest(members: &[Arc<Member>]) -> Nanos {
+    members.iter().map(|m| m.lease.deadline()).min().unwrap_or(NEVER)
+}
+
+/// The records answering `qtype` at a service name from `members`, in their order:
+/// `srv_name` tells `_<name>._<protocol>` from `<name>`.
+fn service_records(members: &[Arc<Member>], owner: &Name, qtype: RecordType, srv_name: bool, ttl: u32) -> Answer {
+    let answers = match (qtype, srv_name) {
+        (RecordType::SRV, true) => {
+            let mut seen = HashSet::new();
+            let additionals = members
+                .iter()
+                .filter(|m| m.records.ip.is_some_and(|ip| seen.insert(ip)))
+                .filter_map(|m| m.records.glue(ttl))
+                .collect();
+            let answers = records(owner, ttl, members.iter().map(|m| m.records.srv()));
+            return Answer::Records { answers, additionals };
+        }
+        (RecordType::TXT, _) => records(owner, ttl, members.iter().map(|m| m.records.txt())),
+        (RecordType::A | RecordType::AAAA, false) => {
+            let want_v4 = qtype == RecordType::A;
+            let mut seen = HashSet::new();
+            let ips = members
+                .iter()
+                .filter_map(|m| m.records.ip)
+                .filter(|ip| ip.is_ipv4() == want_v4 && seen.insert(*ip));
+            records(owner, ttl, ips.map(address_rdata))
+        }
+        (RecordType::ANY, _) => return minimal_any(owner),
+        _ => Vec::new(),
+    };
+    if answers.is_empty() { Answer::NoData } else { Answer::Records { answers, additionals: vec![] } }
 }

@@ -4,9 +4,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::Record;
-use hickory_proto::serialize::binary::BinEncoder;
+use hickory_proto::op::{Edns, Header, Message, MessageType, Metadata, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{Record, RecordType};
+use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncoder};
 use hickory_server::net::NetError;
 use hickory_server::net::runtime::TokioTime;
 use hickory_server::net::xfer::Protocol;
@@ -14,14 +14,13 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 use hickory_server::zone_handler::MessageResponse;
 use parking_lot::Mutex;
 
-use super::Authority;
+use super::{Authority, response_limit};
 
-/// Collects the one response the handler sends for a request, encoded as hickory's own
-/// server would for `protocol`: over UDP within the response's EDNS payload (512 without),
-/// with TC set by the encoder if anything is cut.
+/// Collects the one response the handler sends for a request, encoded within `limit` bytes;
+/// the encoder sets TC if anything is cut.
 #[derive(Clone)]
 struct Reply {
-    protocol: Protocol,
+    limit: u16,
     bytes: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
@@ -40,27 +39,78 @@ impl ResponseHandler for Reply {
     ) -> Result<ResponseInfo, NetError> {
         let mut bytes = Vec::with_capacity(512);
         let mut encoder = BinEncoder::new(&mut bytes);
-        encoder.set_max_size(match self.protocol {
-            Protocol::Udp => response.edns().map_or(512, |e| e.max_payload().max(512)),
-            _ => u16::MAX,
-        });
+        encoder.set_max_size(self.limit);
         let info = response.destructive_emit(&mut encoder)?;
         *self.bytes.lock() = Some(bytes);
         Ok(info)
     }
 }
 
+/// What the fast path needs of a plain query (opcode aside): its header, its one question
+/// and its OPT record if any. Read with hickory's decoders, without building a `Request`.
+pub(super) struct Question<'a> {
+    pub metadata: Metadata,
+    pub query: Query,
+    /// The question's bytes as the client sent them.
+    pub raw: &'a [u8],
+    pub edns: Option<Edns>,
+}
+
+impl<'a> Question<'a> {
+    /// `None` for anything but one question and at most an OPT record: the full parse takes those.
+    fn read(message: &'a [u8]) -> Option<Self> {
+        let mut decoder = BinDecoder::new(message);
+        let Header { metadata, counts } = Header::read(&mut decoder).ok()?;
+        if metadata.message_type != MessageType::Query
+            || (counts.queries, counts.answers, counts.authorities) != (1, 0, 0)
+            || counts.additionals > 1
+        {
+            return None;
+        }
+        let start = decoder.index();
+        let query = Query::read(&mut decoder).ok()?;
+        let raw = &message[start..decoder.index()];
+        let edns = match counts.additionals {
+            0 => None,
+            _ => Some(Record::read(&mut decoder).ok().filter(|r| r.record_type() == RecordType::OPT).map(|r| Edns::from(&r))?),
+        };
+        Some(Self { metadata, query, raw, edns })
+    }
+}
+
+/// The fast path alone: answers `message` from prepared bytes into `out` when it can,
+/// without blocking or allocating. False means [`handle_full`] must answer it.
+pub fn handle_prepared(authority: &Authority, message: &[u8], protocol: Protocol, out: &mut Vec<u8>) -> bool {
+    Question::read(message).is_some_and(|question| authority.write_prepared(&question, protocol, out))
+}
+
 /// Answers one raw DNS message the way the servers do: responses (QR=1) get no reply,
 /// undecodable messages with an id get FORMERR, others whatever the authority says.
-pub async fn handle_bytes(authority: &Authority, message: Vec<u8>, src: SocketAddr, protocol: Protocol) -> Option<Vec<u8>> {
-    let id = u16::from_be_bytes([*message.first()?, *message.get(1)?]);
-    match Request::from_bytes(message, src, protocol) {
-        Ok(request) if request.metadata.message_type == MessageType::Response => None,
+/// Returns whether there is a reply, which is then in `out`.
+pub async fn handle_bytes(authority: &Authority, message: &[u8], src: SocketAddr, protocol: Protocol, out: &mut Vec<u8>) -> bool {
+    handle_prepared(authority, message, protocol, out) || handle_full(authority, message, src, protocol, out).await
+}
+
+/// [`handle_bytes`] without the fast path: the whole request parsed and answered through
+/// hickory's handler types.
+pub async fn handle_full(authority: &Authority, message: &[u8], src: SocketAddr, protocol: Protocol, out: &mut Vec<u8>) -> bool {
+    let [a, b, ..] = *message else { return false };
+    match Request::from_bytes(message.to_vec(), src, protocol) {
+        Ok(request) if request.metadata.message_type == MessageType::Response => false,
         Ok(request) => {
-            let reply = Reply { protocol, bytes: Arc::default() };
+            let limit = response_limit(request.protocol(), request.edns.as_ref()) as u16;
+            let reply = Reply { limit, bytes: Arc::default() };
             authority.handle_request::<_, TokioTime>(&request, reply.clone()).await;
-            reply.bytes.lock().take()
+            let Some(bytes) = reply.bytes.lock().take() else { return false };
+            *out = bytes;
+            true
         }
-        Err(_) => Message::error_msg(id, OpCode::Query, ResponseCode::FormErr).to_vec().ok(),
+        Err(_) => match Message::error_msg(u16::from_be_bytes([a, b]), OpCode::Query, ResponseCode::FormErr).to_vec() {
+            Ok(bytes) => {
+                *out = bytes;
+                true
+            }
+            Err(_) => false,
+        },
     }
 }

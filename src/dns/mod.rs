@@ -3,18 +3,20 @@
 
 pub mod answer;
 mod message;
+pub mod prepared;
 pub mod records;
 pub mod tcp;
 pub mod udp;
 pub mod zones;
 
-pub use message::handle_bytes;
+pub use message::{handle_bytes, handle_full, handle_prepared};
+use message::Question;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use hickory_proto::op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode};
-use hickory_proto::rr::{DNSClass, RData, Record, RecordType};
+use hickory_proto::rr::{DNSClass, LowerName, RData, Record, RecordType};
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder};
 use hickory_server::net::runtime::Time;
 use hickory_server::net::xfer::Protocol;
@@ -23,12 +25,11 @@ use hickory_server::zone_handler::{Catalog, MessageResponseBuilder};
 use tokio::net::TcpListener;
 
 use answer::{Answer, ZoneAnswerer};
+use prepared::SoaTail;
 
 /// Largest UDP response we send whatever the client advertises: hickory's UDP receive
 /// buffer, and a size that still crosses most paths unfragmented enough to be useful.
 pub const MAX_UDP_PAYLOAD: u16 = 4096;
-/// Size of the OPT record we attach when the client used EDNS (no options).
-const OPT_LEN: usize = 11;
 
 /// The request handler for every zone we serve; cheap to clone, so the UDP server and the
 /// TCP listener share one.
@@ -38,11 +39,12 @@ pub struct Authority(Arc<Zones>);
 struct Zones {
     zone: ZoneAnswerer,
     static_zones: Catalog,
+    soa_tail: SoaTail,
 }
 
 impl Authority {
     pub fn new(zone: ZoneAnswerer, static_zones: Catalog) -> Self {
-        Self(Arc::new(Zones { zone, static_zones }))
+        Self(Arc::new(Zones { zone, static_zones, soa_tail: SoaTail::default() }))
     }
 }
 
@@ -83,14 +85,58 @@ fn fit(request: &Request, answers: &[Record], authorities: &[Record], additional
     (n_answers, additionals.iter().take_while(|r| fits(&mut enc, r)).count())
 }
 
+/// The largest response a request may get: over UDP its EDNS buffer (512 bytes without
+/// EDNS, at most [`MAX_UDP_PAYLOAD`]), over TCP what the length prefix allows.
+fn response_limit(protocol: Protocol, edns: Option<&Edns>) -> usize {
+    match protocol {
+        Protocol::Udp => edns.map_or(512, |e| e.max_payload().clamp(512, MAX_UDP_PAYLOAD)) as usize,
+        _ => u16::MAX as usize,
+    }
+}
+
+impl Authority {
+    /// The fast path: a service-zone answer from prepared bytes, written into `out`. Covers
+    /// service names with records of the asked type and every negative answer; false for
+    /// everything else, which the full handler answers.
+    fn write_prepared(&self, question: &Question<'_>, protocol: Protocol, out: &mut Vec<u8>) -> bool {
+        let Question { metadata, query, raw, edns } = question;
+        let qtype = query.query_type();
+        if metadata.op_code != OpCode::Query
+            || query.query_class() != DNSClass::IN
+            || matches!(qtype, RecordType::AXFR | RecordType::IXFR)
+            || edns.as_ref().is_some_and(|e| e.version() > 0)
+        {
+            return false;
+        }
+        let Zones { zone, soa_tail, .. } = &*self.0;
+        let name = LowerName::new(query.name());
+        if !zone.registry.zone().origin_lower.zone_of(&name) {
+            return false;
+        }
+        let limit = response_limit(protocol, edns.as_ref());
+        if let Some(written) = zone.prepared(&name, qtype, |p| p.write(metadata, raw, edns.is_some(), limit, out)) {
+            return written;
+        }
+        let code = match zone.answer(&name, query.name(), qtype) {
+            Answer::NxDomain => ResponseCode::NXDomain,
+            Answer::NoData => ResponseCode::NoError,
+            Answer::Records { .. } => return false,
+        };
+        let serial = zone.registry.current_serial();
+        let soa = || zone.registry.zone().soa(serial, zone.negative_ttl);
+        soa_tail.write(serial, soa, metadata, code, raw, edns.is_some(), limit, out)
+    }
+}
+
 #[async_trait::async_trait]
 impl RequestHandler for Authority {
     async fn handle_request<R: ResponseHandler, T: Time>(&self, request: &Request, response: R) -> ResponseInfo {
         let this = &self.0;
         let mut meta = Metadata::response_from_request(&request.metadata);
-        let resp_edns = request.edns.as_ref().map(|e| {
+        // We advertise what we accept; what we send is bounded by the request's buffer.
+        let resp_edns = request.edns.as_ref().map(|_| {
             let mut edns = Edns::new();
-            edns.set_max_payload(e.max_payload().clamp(512, MAX_UDP_PAYLOAD)).set_version(0);
+            edns.set_max_payload(MAX_UDP_PAYLOAD).set_version(0);
             edns
         });
         let mut builder = MessageResponseBuilder::from_message_request(request);
@@ -128,11 +174,8 @@ impl RequestHandler for Authority {
                 (vec![], vec![], Some(this.zone.soa()))
             }
         };
-        let limit = match request.protocol() {
-            Protocol::Udp => resp_edns.as_ref().map_or(512, |e| e.max_payload()) as usize,
-            _ => u16::MAX as usize,
-        };
-        let opt = if resp_edns.is_some() { OPT_LEN } else { 0 };
+        let limit = response_limit(request.protocol(), request.edns.as_ref());
+        let opt = if resp_edns.is_some() { prepared::opt_record().len() } else { 0 };
         let soa_slice = soa.as_slice();
         let (n_answers, n_additionals) = fit(request, &answers, soa_slice, &additionals, limit, opt);
         // Whatever does not fit is announced with TC, never dropped silently: the client

@@ -36,6 +36,7 @@ pub async fn serve(listener: TcpListener, authority: Authority, limits: Limits, 
 /// Answers framed messages one after another until the client goes quiet or misbehaves.
 async fn connection(mut stream: TcpStream, src: SocketAddr, authority: Authority, idle: Duration) {
     let _ = stream.set_nodelay(true);
+    let mut reply = Vec::new();
     loop {
         let read = async {
             let mut len = [0u8; 2];
@@ -48,7 +49,9 @@ async fn connection(mut stream: TcpStream, src: SocketAddr, authority: Authority
         if message.len() < 2 {
             return;
         }
-        let Some(reply) = handle_bytes(&authority, message, src, Protocol::Tcp).await else { continue };
+        if !handle_bytes(&authority, &message, src, Protocol::Tcp, &mut reply).await {
+            continue;
+        }
         let write = async {
             stream.write_all(&(reply.len() as u16).to_be_bytes()).await?;
             stream.write_all(&reply).await

@@ -34,11 +34,12 @@ impl Lease {
         now < self.deadline()
     }
 
-    /// Whole seconds left, for capping DNS TTLs.
-    pub fn remaining_secs(&self, now: Nanos) -> u64 {
-        match self.deadline() {
-            NEVER => u64::MAX,
-            d => (d.saturating_sub(now).max(0) / super::clock::SECOND) as u64,
+    /// The TTL of records whose earliest lease ends at `earliest`: `dns_ttl`, capped by the
+    /// whole seconds left, so no resolver keeps an instance past its lease.
+    pub fn ttl_at(earliest: Nanos, now: Nanos, dns_ttl: u32) -> u32 {
+        match earliest {
+            NEVER => dns_ttl,
+            d => (d.saturating_sub(now).max(0) / super::clock::SECOND).min(dns_ttl as i64) as u32,
         }
     }
 }

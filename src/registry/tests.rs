@@ -469,6 +469,34 @@ fn serial_grows_with_changes_but_not_with_a_no_op_re_register_or_heartbeat() {
     assert!(r.serial() > s4, "reap bumps");
 }
 
+/// DNS answers prepared from a view count on its leases ending no sooner than when they
+/// were prepared (`dns::prepared`): a lease that moves earlier comes with a new view, one
+/// that moves later (a heartbeat) leaves the view alone.
+#[test]
+fn a_lease_moved_earlier_replaces_the_view_and_a_renewal_does_not() {
+    let (r, clock) = registry(60 * SEC);
+    r.register(spec("a", "voice")).unwrap();
+    let view = r.view("voice").unwrap();
+    clock.advance(SEC);
+    r.heartbeat("a").unwrap();
+    assert!(Arc::ptr_eq(&view, &r.view("voice").unwrap()), "a renewal keeps the view");
+    r.register(spec("a", "voice")).unwrap();
+    assert!(Arc::ptr_eq(&view, &r.view("voice").unwrap()), "an identical re-register keeps the view");
+
+    let serial = r.serial();
+    r.register(spec_ttl("a", "voice", 5_000_000_000)).unwrap();
+    let shorter = r.view("voice").unwrap();
+    assert!(!Arc::ptr_eq(&view, &shorter), "a shorter lease comes with a new view");
+    assert_eq!(r.serial(), serial, "the answers themselves did not change");
+
+    // Restored with a grace beyond its TTL, a heartbeat right away ends the lease sooner.
+    let restored = r.stored("a").unwrap();
+    assert!(r.put_back(restored, 10_000_000_000));
+    let before = r.view("voice").unwrap();
+    r.heartbeat("a").unwrap();
+    assert!(!Arc::ptr_eq(&before, &r.view("voice").unwrap()), "a renewal that ends sooner comes with a new view");
+}
+
 #[test]
 fn serial_grows_when_an_expired_id_is_registered_again() {
     let (r, clock) = registry(10 * SEC);

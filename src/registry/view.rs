@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::clock::Nanos;
 use super::lease::Lease;
+use crate::dns::prepared::PreparedAnswers;
 use crate::dns::records::InstanceRecords;
 
 #[derive(Debug)]
@@ -29,10 +30,12 @@ impl Member {
     }
 }
 
-/// One service's members, sorted by id.
+/// One service's members, sorted by id, and the answers encoded from them.
 #[derive(Debug, Default)]
 pub struct ServiceView {
     pub members: Vec<Arc<Member>>,
+    /// Filled by queries; a new view starts empty, so a change never serves an old answer.
+    pub prepared: PreparedAnswers,
 }
 
 impl ServiceView {
@@ -50,13 +53,13 @@ impl ServiceView {
                 None
             }
         };
-        (Self { members }, replaced)
+        (Self { members, prepared: PreparedAnswers::default() }, replaced)
     }
 
     /// A copy without the member `id`, and that member.
     pub(super) fn without(&self, id: &str) -> (Self, Option<Arc<Member>>) {
         let mut members = self.members.clone();
         let removed = members.binary_search_by(|m| (*m.id).cmp(id)).ok().map(|i| members.remove(i));
-        (Self { members }, removed)
+        (Self { members, prepared: PreparedAnswers::default() }, removed)
     }
 }
