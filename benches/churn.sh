@@ -18,7 +18,7 @@
 #   REG_RATE=1000 REG_CONNS=32
 #   HB_RATE=10000 HB_CONNS=64
 #   SERVICES=200 INSTANCES=5 QUERY_MIX=srv=60,a=20,txt=10,nx=10
-#   BASELINE_PEER=nsd   also run one idle phase against NSD serving the same zone
+#   BASELINE_PEER=nsd   also run an idle and a churn phase with DNS asked of NSD serving the same zone
 #                       (same offered load, THREADS server processes): what the
 #                       machine gives a fast server; empty = skip
 #   THREADS=2           TOKIO_WORKER_THREADS of koder-dns
@@ -78,12 +78,13 @@ start_wrk() {
     track_pid "$WRK_PID"
 }
 
-# phase NAME ROUND: one measured phase; churn load when NAME=churn
+# phase NAME ROUND: one measured phase; churn load (against koder-dns's REST API) when NAME
+# ends in "churn"; DNS against NSD when NAME starts with "baseline"
 phase() {
     local name="$1" r="$2" pre="$BENCH_TMP/$1.$2" wr="" wh="" t0 t1
     local port="$DNS_PORT" pid="$KODER_PID"
-    [[ $name == baseline ]] && port="$NSD_PORT" pid="$NSD_PID"
-    if [[ $name == churn ]]; then
+    [[ $name == baseline* ]] && port="$NSD_PORT" pid="$NSD_PID"
+    if [[ $name == *churn ]]; then
         start_wrk register "$REG_RATE" "$REG_CONNS" $((DURATION + 2)) "$pre.wrk-register"
         wr="$WRK_PID"
         start_wrk heartbeat "$HB_RATE" "$HB_CONNS" $((DURATION + 2)) "$pre.wrk-heartbeat"
@@ -116,6 +117,7 @@ if [[ -n $BASELINE_PEER ]]; then
     NSD_PORT="$(free_port)"
     start_nsd "$NSD_PORT" "$IN/$DOMAIN.zone" "$DOMAIN"
     phase baseline 1
+    phase baseline-churn 1
 fi
 
 python3 - "$BENCH_TMP" "$ROUNDS" "$(clk_tck)" "$DURATION" "$BASELINE_PEER" <<'EOF'
@@ -144,22 +146,22 @@ print("-" * len(hdr))
 churn_rows = []
 phases = [(ph, r) for r in range(1, rounds + 1) for ph in ("idle", "churn")]
 if baseline:
-    phases.append(("baseline", 1))
+    phases += [("baseline", 1), ("baseline-churn", 1)]
 for ph, r in phases:
         pre = os.path.join(d, f"{ph}.{r}")
         p = dnsperf(pre + ".dnsperf")
         pr = json.loads(open(pre + ".probe").read())
         cores = int(open(pre + ".cpu").read()) / tck / dur
         loss = 100 * p["lost"] / p["sent"] if p["sent"] else 0
-        label = f"{baseline} idle" if ph == "baseline" else f"{ph} {r}"
+        label = {"baseline": f"{baseline} idle", "baseline-churn": f"{baseline} churn"}.get(ph, f"{ph} {r}")
         print(f"{label:<9} {p['qps']:>11.0f} {p['lat']:>7.3f} {loss:>7.2f} | {pr['p50_us']/1000:>12.3f} "
               f"{pr['p90_us']/1000:>6.3f} {pr['p99_us']/1000:>6.3f} {pr['p999_us']/1000:>6.2f} {pr['max_us']/1000:>6.1f} "
               f"{pr['lost']:>5} | {cores:>9.2f}")
-        if ph == "churn":
-            churn_rows.append((r, wrk(pre + ".wrk-register"), wrk(pre + ".wrk-heartbeat")))
+        if ph.endswith("churn"):
+            churn_rows.append((label, wrk(pre + ".wrk-register"), wrk(pre + ".wrk-heartbeat")))
 print()
 print("REST churn load during the churn phases (wrk, paced)")
-hdr2 = f"{'round':<6} {'load':<10} {'target/s':>8} {'achieved/s':>10} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'non-2xx':>8} {'sock err':>8}"
+hdr2 = f"{'phase':<10} {'load':<10} {'target/s':>8} {'achieved/s':>10} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'non-2xx':>8} {'sock err':>8}"
 print(hdr2)
 print("-" * len(hdr2))
 targets = {"register": float(os.environ.get("REG_RATE", 1000)), "heartbeat": float(os.environ.get("HB_RATE", 10000))}
@@ -167,7 +169,7 @@ for r, reg, hb in churn_rows:
     for name, w in (("register", reg), ("heartbeat", hb)):
         rate = w["requests"] / (w["duration_us"] / 1e6)
         se = w["err_connect"] + w["err_read"] + w["err_write"] + w["err_timeout"]
-        print(f"{r:<6} {name:<10} {targets[name]:>8.0f} {rate:>10.0f} {w['lat_p50_us']/1000:>7.2f} "
+        print(f"{r:<10} {name:<10} {targets[name]:>8.0f} {rate:>10.0f} {w['lat_p50_us']/1000:>7.2f} "
               f"{w['lat_p99_us']/1000:>7.2f} {w['lat_max_us']/1000:>7.1f} {int(w['err_status']):>8} {int(se):>8}")
 EOF
 echo
@@ -175,5 +177,5 @@ echo "register = a new instance per request (50 service names churn00..49, not a
 echo "heartbeat = renewals of the $((SERVICES * INSTANCES)) instances whose SRV/A/TXT the DNS load asks for."
 echo "wrk runs $((DURATION + 2)) s (starts 1 s before the DNS phase). probe times include ~10-20 us of Python overhead."
 echo "koder-dns: TOKIO_WORKER_THREADS=$THREADS; srv cores = the server's CPU time / phase time"
-[[ -n $BASELINE_PEER ]] && echo "'$BASELINE_PEER idle' = the idle phase against NSD (server-count $THREADS) serving the same records: the machine's floor"
+[[ -n $BASELINE_PEER ]] && echo "'$BASELINE_PEER idle' / '$BASELINE_PEER churn' = the same phases with DNS asked of NSD (server-count $THREADS) serving the same records, the churn load still on koder-dns's REST API: what this machine gives a fast server, idle and under the same CPU contention"
 echo "$(machine_note): dnsperf, the probe and two wrk processes share them with the server"

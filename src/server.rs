@@ -123,7 +123,8 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         .await
         .with_context(|| format!("cannot listen for HTTP on {} (--http-listen)", config.http_listen))?;
     let http_addr = http.local_addr()?;
-    let router = api::router(AppState { store: store.clone() }, Arc::new(auth::ApiKeys::new(&keys)), config.http_request_timeout);
+    let state = AppState { store: store.clone(), keys: Arc::new(auth::ApiKeys::new(&keys)) };
+    let router = api::router(state, config.http_request_timeout);
     let limits = api::serve::Limits { max_connections: config.http_max_connections, header_timeout: config.http_request_timeout };
     tasks.push(tokio::spawn(api::serve::serve(http, router, limits, shutdown.clone())));
 

@@ -2,11 +2,13 @@
 
 use axum::Json;
 use axum::extract::{Query, State, rejection::QueryRejection};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::AppState;
+use super::auth::Authorized;
 use super::body::JsonBody;
 use super::error::ApiError;
 use crate::registry::Filter;
@@ -31,7 +33,7 @@ impl IdBody {
 }
 
 /// R2: upsert; `created` only on the first registration of a live id.
-pub async fn register(State(app): State<AppState>, JsonBody(body): JsonBody<Registration>) -> Result<Json<RegisterResponse>, ApiError> {
+pub async fn register(_: Authorized, State(app): State<AppState>, JsonBody(body): JsonBody<Registration>) -> Result<Json<RegisterResponse>, ApiError> {
     let spec = body.validate()?;
     // Run to completion even if the client goes away: a change is committed or undone whole.
     let store = app.store.clone();
@@ -39,16 +41,19 @@ pub async fn register(State(app): State<AppState>, JsonBody(body): JsonBody<Regi
     Ok(Json(RegisterResponse { id: registered.instance.id, created: registered.created }))
 }
 
-/// R3: renews the lease; 410 once it has run out, so the registrant re-registers.
-pub async fn heartbeat(State(app): State<AppState>, JsonBody(body): JsonBody<IdBody>) -> Result<Json<Instance>, ApiError> {
+/// R3: renews the lease; 410 once it has run out, so the registrant re-registers. Answers
+/// with the instance, serialised as it is renewed.
+pub async fn heartbeat(_: Authorized, State(app): State<AppState>, JsonBody(body): JsonBody<IdBody>) -> Result<Response, ApiError> {
     let id = body.id()?;
-    app.store.heartbeat(&id).map(Json).ok_or_else(|| {
+    let json = app.store.heartbeat(&id, |instance| serde_json::to_vec(instance).expect("instances serialise"));
+    let json = json.ok_or_else(|| {
         ApiError::new(StatusCode::GONE, "gone", format!("instance {id:?} is unknown or its lease has run out; register it again"))
-    })
+    })?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
 }
 
 /// R4: removes at once; 404 when unknown.
-pub async fn deregister(State(app): State<AppState>, JsonBody(body): JsonBody<IdBody>) -> Result<Json<Value>, ApiError> {
+pub async fn deregister(_: Authorized, State(app): State<AppState>, JsonBody(body): JsonBody<IdBody>) -> Result<Json<Value>, ApiError> {
     let id = body.id()?;
     let (store, key) = (app.store.clone(), id.clone());
     if tokio::spawn(async move { store.deregister(&key).await }).await.expect("deregister does not panic")? {
@@ -74,7 +79,7 @@ fn flag(name: &str, value: Option<&str>) -> Result<bool, ApiError> {
 }
 
 /// R7: service names, or with `?detail=1` full instances; `?healthy_only=1`, `?name=`.
-pub async fn list(State(app): State<AppState>, params: Result<Query<ListParams>, QueryRejection>) -> Result<Json<Listing>, ApiError> {
+pub async fn list(_: Authorized, State(app): State<AppState>, params: Result<Query<ListParams>, QueryRejection>) -> Result<Json<Listing>, ApiError> {
     let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let filter = Filter {
         name: params.name.filter(|n| !n.is_empty()).map(|n| n.to_ascii_lowercase()),

@@ -47,11 +47,32 @@ impl Clock for ManualClock {
     }
 }
 
-/// RFC 3339 in UTC with nanosecond digits, the wire form of every timestamp.
+/// RFC 3339 in UTC with nanosecond digits, the wire form of every timestamp. Written by
+/// humantime, which is several times cheaper than chrono's formatter (it runs twice for
+/// every instance in every REST answer); chrono only for times before 1970.
 pub fn rfc3339(ns: Nanos) -> String {
-    chrono::DateTime::from_timestamp_nanos(ns).to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
+    match u64::try_from(ns) {
+        Ok(ns) => humantime::format_rfc3339_nanos(std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns)).to_string(),
+        Err(_) => chrono::DateTime::from_timestamp_nanos(ns).to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+    }
 }
 
 pub fn parse_rfc3339(s: &str) -> Option<Nanos> {
     chrono::DateTime::parse_from_rfc3339(s).ok()?.timestamp_nanos_opt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_is_utc_with_nine_digits_and_reads_back() {
+        for ns in [0, 1, 999_999_999, 1_800_000_000_123_456_789, 1_700_000_000_000_000_000, i64::MAX, -1, -86_400_000_000_123] {
+            let text = rfc3339(ns);
+            let chrono = chrono::DateTime::from_timestamp_nanos(ns).to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
+            assert_eq!(text, chrono, "{ns}");
+            assert_eq!(parse_rfc3339(&text), Some(ns), "{text}");
+        }
+        assert_eq!(rfc3339(1_800_000_000_000_000_007), "2027-01-15T08:00:00.000000007Z");
+    }
 }

@@ -242,7 +242,7 @@ impl Writer {
             {
                 let mut table = txn.open_table(INSTANCES)?;
                 for id in ids {
-                    match self.registry.stored(id) {
+                    match self.registry.to_persist(id) {
                         Some(instance) => {
                             let json = serde_json::to_vec(&instance).expect("instances serialise");
                             table.insert(&**id, json.as_slice())?;

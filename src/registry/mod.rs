@@ -16,7 +16,7 @@ pub mod view;
 mod tests;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as MapEntry;
@@ -49,7 +49,8 @@ pub enum Event {
     Upserted(Arc<str>),
     /// Deregistered or expired.
     Removed(Arc<str>),
-    /// Lease renewed by a heartbeat.
+    /// Lease renewed by a heartbeat: said once, then not again until the durable store has
+    /// read the instance ([`Registry::to_persist`]), so a busy heartbeat costs no message.
     Renewed(Arc<str>),
     /// The health checker flipped the flag.
     HealthChanged(Arc<str>),
@@ -94,6 +95,8 @@ struct Entry {
     instance: Instance,
     lease: Arc<Lease>,
     member: Arc<Member>,
+    /// A renewal the durable store has not read yet.
+    renewal_pending: AtomicBool,
 }
 
 pub struct Registry {
@@ -350,7 +353,7 @@ impl Registry {
                 let member = self.member(&instance, lease.clone());
                 self.put_member(&instance.name, member.clone());
                 self.leases.reschedule(&id, None, deadline);
-                vacant.insert(Entry { instance: instance.clone(), lease, member });
+                vacant.insert(Entry { instance: instance.clone(), lease, member, renewal_pending: AtomicBool::new(false) });
                 self.bump();
                 Registered { instance, created: true, previous: None }
             }
@@ -365,6 +368,12 @@ impl Registry {
     /// R3: renews a live lease. `None` when the id is unknown or its lease has run out, even
     /// if the reaper has not removed it yet: a heartbeat never resurrects a dead instance.
     pub fn heartbeat(&self, id: &str) -> Option<Instance> {
+        self.heartbeat_with(id, Instance::clone)
+    }
+
+    /// [`Self::heartbeat`], handing the renewed instance to `f` under its entry's lock, so
+    /// that the REST answer is written without copying the instance first.
+    pub fn heartbeat_with<R>(&self, id: &str, f: impl FnOnce(&Instance) -> R) -> Option<R> {
         let now = self.clock.now();
         let mut entry = self.instances.get_mut(id)?;
         if !entry.lease.alive(now) {
@@ -379,11 +388,14 @@ impl Registry {
         if self.move_lease(entry.key(), &entry.lease, deadline) {
             self.put_member(&entry.instance.name, entry.member.clone());
         }
-        let instance = entry.instance.clone();
+        let out = f(&entry.instance);
+        let announce = !entry.renewal_pending.swap(true, Ordering::AcqRel);
         let id = entry.key().clone();
         drop(entry);
-        self.emit(Event::Renewed(id));
-        Some(instance)
+        if announce {
+            self.emit(Event::Renewed(id));
+        }
+        Some(out)
     }
 
     /// R4: removes an instance at once. Returns what was removed if it was alive; an
@@ -466,9 +478,13 @@ impl Registry {
         true
     }
 
-    /// Any stored instance, expired or not: what durable storage should hold for `id`.
-    pub fn stored(&self, id: &str) -> Option<Instance> {
-        self.instances.get(id).map(|e| e.instance.clone())
+    /// Any stored instance, expired or not: what durable storage should hold for `id` now.
+    /// Settles the renewals pending for it: the next one is announced again.
+    pub fn to_persist(&self, id: &str) -> Option<Instance> {
+        self.instances.get(id).map(|e| {
+            e.renewal_pending.store(false, Ordering::Release);
+            e.instance.clone()
+        })
     }
 
     /// Makes the serial at least `floor`, so it keeps growing across restarts.
@@ -548,7 +564,7 @@ impl Registry {
         let member = self.member(&instance, lease.clone());
         self.put_member(&instance.name, member.clone());
         self.leases.reschedule(&id, None, deadline);
-        self.instances.insert(id.clone(), Entry { instance, lease, member });
+        self.instances.insert(id.clone(), Entry { instance, lease, member, renewal_pending: AtomicBool::new(false) });
         self.count.fetch_add(1, Ordering::AcqRel);
         self.bump();
         self.emit(Event::Upserted(id));

@@ -55,8 +55,9 @@ impl Store {
     }
 
     /// Lease renewals are persisted in batches (see [`super::disk`]), never one by one.
-    pub fn heartbeat(&self, id: &str) -> Option<Instance> {
-        self.registry.heartbeat(id)
+    /// `f` sees the renewed instance.
+    pub fn heartbeat<R>(&self, id: &str, f: impl FnOnce(&Instance) -> R) -> Option<R> {
+        self.registry.heartbeat_with(id, f)
     }
 
     /// True when a live instance was removed.

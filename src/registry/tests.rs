@@ -490,7 +490,7 @@ fn a_lease_moved_earlier_replaces_the_view_and_a_renewal_does_not() {
     assert_eq!(r.serial(), serial, "the answers themselves did not change");
 
     // Restored with a grace beyond its TTL, a heartbeat right away ends the lease sooner.
-    let restored = r.stored("a").unwrap();
+    let restored = r.to_persist("a").unwrap();
     assert!(r.put_back(restored, 10_000_000_000));
     let before = r.view("voice").unwrap();
     r.heartbeat("a").unwrap();
