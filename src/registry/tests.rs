@@ -497,6 +497,25 @@ fn a_lease_moved_earlier_replaces_the_view_and_a_renewal_does_not() {
     assert!(!Arc::ptr_eq(&before, &r.view("voice").unwrap()), "a renewal that ends sooner comes with a new view");
 }
 
+/// The durable store learns of a renewal once; it reads the latest stamp when it writes.
+#[test]
+fn renewals_are_announced_once_until_the_store_reads_the_instance() {
+    let (r, clock) = registry(60 * SEC);
+    let mut events = r.subscribe();
+    r.register(spec("a", "voice")).unwrap();
+    assert_eq!(events.try_recv().unwrap(), Event::Upserted("a".into()));
+    for _ in 0..3 {
+        clock.advance(SEC);
+        r.heartbeat("a").unwrap();
+    }
+    assert_eq!(events.try_recv().unwrap(), Event::Renewed("a".into()));
+    assert!(events.try_recv().is_err(), "later renewals are covered by the first announcement");
+    assert_eq!(r.to_persist("a").unwrap().updated_at, r.now(), "the store writes the latest renewal");
+    clock.advance(SEC);
+    r.heartbeat("a").unwrap();
+    assert_eq!(events.try_recv().unwrap(), Event::Renewed("a".into()), "announced again after the store read it");
+}
+
 #[test]
 fn serial_grows_when_an_expired_id_is_registered_again() {
     let (r, clock) = registry(10 * SEC);
