@@ -68,9 +68,11 @@ QFLAG=()
 [[ $DNS_QPS -gt 0 ]] && QFLAG=(-Q "$DNS_QPS")
 
 # start_wrk MODE RATE CONNS SECONDS OUT -> sets WRK_PID (no subshell: we wait for it)
+WRK_RUNS=0
 start_wrk() {
     local mode="$1" rate="$2" conns="$3" secs="$4" out="$5"
-    BENCH_MODE="$mode" BENCH_KEY="$API_KEY" BENCH_THREADS=1 BENCH_RATE="$rate" \
+    WRK_RUNS=$((WRK_RUNS + 1)) # registrations of each run get new ids
+    BENCH_MODE="$mode" BENCH_KEY="$API_KEY" BENCH_THREADS=1 BENCH_RATE="$rate" BENCH_ROUND="$WRK_RUNS" \
         BENCH_BODIES="$IN/heartbeat.jsonl" BENCH_LEASE_NS=120000000000 \
         wrk -t 1 -c "$conns" -d "${secs}s" --timeout 5s \
         -s "$BENCH_LIB_DIR/rest.lua" "http://$BENCH_HOST:$HTTP_PORT/" >"$out" 2>&1 &

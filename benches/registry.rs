@@ -39,7 +39,7 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("registry");
     for total in [1_000, 100_000] {
         let registry = populated(total);
-        let ids: Vec<String> = (0..total).map(|i| spec(i / 5, i % 5).id).collect();
+        let ids: Vec<String> = (0..total).map(|i| spec(i / 5, i % 5).id.to_string()).collect();
         let mut n = 0;
         group.bench_function(BenchmarkId::new("heartbeat", total), |b| {
             b.iter(|| {

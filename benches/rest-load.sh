@@ -36,7 +36,8 @@ python3 "$BENCH_LIB_DIR/gen.py" "$IN" --services "$SERVICES" --instances "$INSTA
 
 DNS_PORT="$(free_port)"
 HTTP_PORT="$(free_port)"
-start_koder "$DNS_PORT" "$HTTP_PORT"
+# Room for every round's new registrations (about 15k/s).
+start_koder "$DNS_PORT" "$HTTP_PORT" --max-instances 2000000
 log "registering $((SERVICES * INSTANCES)) live instances (lease 1 h)"
 register_jsonl "$IN/register.jsonl" "live instances" --procs 4
 
@@ -60,7 +61,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     out="$BENCH_TMP/wrk.$t.$r"
     log "round $r/$ROUNDS: wrk $t -t $WRK_THREADS -c $CONNS -d ${DURATION}s"
     t0="$(cpu_ticks "$KODER_PID")"
-    BENCH_MODE="$t" BENCH_KEY="$API_KEY" BENCH_THREADS="$WRK_THREADS" BENCH_RATE=0 \
+    BENCH_MODE="$t" BENCH_KEY="$API_KEY" BENCH_THREADS="$WRK_THREADS" BENCH_RATE=0 BENCH_ROUND="$r" \
         BENCH_BODIES="$([[ $t == heartbeat ]] && echo "$IN/heartbeat.jsonl" || echo "$IN/register.jsonl")" \
         BENCH_LEASE_NS=3600000000000 \
         wrk -t "$WRK_THREADS" -c "$CONNS" -d "${DURATION}s" --timeout 5s \

@@ -109,7 +109,7 @@ fn same(id: &str, m: &MInstance, i: &Instance) -> bool {
 }
 
 fn summary(instances: &[Instance]) -> Vec<(String, String, u16, bool, i64, i64)> {
-    instances.iter().map(|i| (i.name.clone(), i.id.clone(), i.port, i.healthy, i.registered_at, i.updated_at)).collect()
+    instances.iter().map(|i| (i.name.to_string(), i.id.to_string(), i.port, i.healthy, i.registered_at, i.updated_at)).collect()
 }
 
 fn expected(live: &[(&'static str, &MInstance)]) -> Vec<(String, String, u16, bool, i64, i64)> {

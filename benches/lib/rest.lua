@@ -12,6 +12,7 @@
 --                   Needs enough connections: rate x latency << connections.
 --   BENCH_THREADS   the -t given to wrk (to split BENCH_RATE)
 --   BENCH_LEASE_NS  ttl_ns of registrations (register mode), default 120 s
+--   BENCH_ROUND     part of the ids of register mode, so that every run registers new ids
 --
 -- done() prints one machine-readable line starting with "RESULT ".
 
@@ -21,6 +22,7 @@ local bodies_file = os.getenv("BENCH_BODIES")
 local rate = tonumber(os.getenv("BENCH_RATE") or "0") or 0
 local nthreads = tonumber(os.getenv("BENCH_THREADS") or "1") or 1
 local lease_ns = os.getenv("BENCH_LEASE_NS") or "120000000000"
+local round = tonumber(os.getenv("BENCH_ROUND") or "0") or 0
 
 local threads = {}
 local tid_counter = 0
@@ -102,8 +104,8 @@ function request()
         -- a new instance every time: unique id, 50 service names, spread addresses
         local n = counter
         local body = string.format(
-            '{"id":"churn-%d-%d","name":"churn%02d","address":"10.%d.%d.%d","port":%d,"ttl_ns":%s,"metadata":{"bench":"churn"}}',
-            tid, n, n % 50, 100 + tid, math.floor(n / 256) % 256, n % 256, 9000 + (n % 1000), lease_ns)
+            '{"id":"churn-%d-%d-%d","name":"churn%02d","address":"10.%d.%d.%d","port":%d,"ttl_ns":%s,"metadata":{"bench":"churn"}}',
+            round, tid, n, n % 50, 100 + tid, math.floor(n / 256) % 256, n % 256, 9000 + (n % 1000), lease_ns)
         return wrk.format("POST", "/api/v1/services/register", headers, body)
     else
         error("unknown BENCH_MODE " .. mode)

@@ -4,6 +4,7 @@ use axum::Json;
 use axum::extract::{Query, State, rejection::QueryRejection};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -16,7 +17,7 @@ use crate::registry::instance::{Instance, Registration};
 
 #[derive(Debug, Serialize)]
 pub struct RegisterResponse {
-    pub id: String,
+    pub id: CompactString,
     pub created: bool,
 }
 

@@ -8,7 +8,7 @@ use hickory_proto::rr::rdata::HINFO;
 use hickory_proto::rr::{LowerName, Name, RData, Record, RecordType};
 
 use super::prepared::{Orders, Prepared, ROTATIONS};
-use super::records::{address_rdata, parse_addr_label};
+use super::records::{ZoneNames, address_rdata, parse_addr_label};
 use crate::registry::Registry;
 use crate::registry::clock::Nanos;
 use crate::registry::lease::{Lease, NEVER};
@@ -146,7 +146,7 @@ impl ZoneAnswerer {
         // Shuffled so that load spreads.
         fastrand::shuffle(&mut members);
         let ttl = Lease::ttl_at(earliest(&members), now, self.dns_ttl);
-        service_records(&members, owner, qtype, protocol.is_some(), ttl)
+        service_records(self.registry.zone(), &members, owner, qtype, protocol.is_some(), ttl)
     }
 
     /// Calls `f` with the prepared answer for `qtype` at `qname` (inside the zone), when
@@ -177,7 +177,7 @@ impl ZoneAnswerer {
                 for r in 0..rotations {
                     let mut rotated = members.clone();
                     rotated.rotate_left(r * n / rotations);
-                    match service_records(&rotated, &owner, qtype, protocol.is_some(), ttl) {
+                    match service_records(self.registry.zone(), &rotated, &owner, qtype, protocol.is_some(), ttl) {
                         Answer::Records { answers, additionals } => orders.push((answers, additionals)),
                         _ => return None,
                     }
@@ -199,25 +199,25 @@ fn earliest(members: &[Arc<Member>]) -> Nanos {
 
 /// The records answering `qtype` at a service name from `members`, in their order:
 /// `srv_name` tells `_<name>._<protocol>` from `<name>`.
-fn service_records(members: &[Arc<Member>], owner: &Name, qtype: RecordType, srv_name: bool, ttl: u32) -> Answer {
+fn service_records(zone: &ZoneNames, members: &[Arc<Member>], owner: &Name, qtype: RecordType, srv_name: bool, ttl: u32) -> Answer {
     let answers = match (qtype, srv_name) {
         (RecordType::SRV, true) => {
             let mut seen = HashSet::new();
             let additionals = members
                 .iter()
-                .filter(|m| m.records.ip.is_some_and(|ip| seen.insert(ip)))
-                .filter_map(|m| m.records.glue(ttl))
+                .filter(|m| m.records.ip().is_some_and(|ip| seen.insert(ip)))
+                .filter_map(|m| m.records.glue(zone, ttl))
                 .collect();
-            let answers = records(owner, ttl, members.iter().map(|m| m.records.srv()));
+            let answers = records(owner, ttl, members.iter().map(|m| m.records.srv(zone)));
             return Answer::Records { answers, additionals };
         }
-        (RecordType::TXT, _) => records(owner, ttl, members.iter().map(|m| m.records.txt())),
+        (RecordType::TXT, _) => records(owner, ttl, members.iter().map(|m| m.records.txt(&m.id))),
         (RecordType::A | RecordType::AAAA, false) => {
             let want_v4 = qtype == RecordType::A;
             let mut seen = HashSet::new();
             let ips = members
                 .iter()
-                .filter_map(|m| m.records.ip)
+                .filter_map(|m| m.records.ip())
                 .filter(|ip| ip.is_ipv4() == want_v4 && seen.insert(*ip));
             records(owner, ttl, ips.map(address_rdata))
         }

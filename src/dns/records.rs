@@ -7,7 +7,7 @@ use std::str::FromStr;
 use hickory_proto::rr::rdata::{A, AAAA, NS, SOA, SRV, TXT};
 use hickory_proto::rr::{LowerName, Name, RData, Record};
 
-use crate::registry::instance::{Address, Instance};
+use crate::registry::instance::{Address, Instance, Metadata};
 
 /// The fixed names of the service zone.
 #[derive(Clone, Debug)]
@@ -79,18 +79,28 @@ pub fn address_rdata(ip: IpAddr) -> RData {
     }
 }
 
-/// What DNS needs of one instance, built once per registration. Kept as parts rather than
-/// whole `RData`s (184 bytes each): the SRV target is stored once and serves as the glue
-/// name too, which cuts a member from 712 to under 200 bytes at 100k instances.
+/// Where an SRV record of an instance points.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// `<hex>.addr.<origin>`, with the address as glue; the name is derived when an answer
+    /// is built.
+    Ip(IpAddr),
+    /// A host name as registered, fully qualified (boxed: rare, and a `Name` is 80 bytes).
+    Host(Box<Name>),
+}
+
+/// What DNS needs of one instance, built once per registration and kept as long as the
+/// instance, so kept small: names are derived when an answer is built (an IP target's from
+/// the address, the TXT strings from the metadata, which the instance shares) rather than
+/// stored. Answers are built once per view and type (see `dns::prepared`), so deriving them
+/// costs nothing per query.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceRecords {
-    pub ip: Option<IpAddr>,
+    pub target: Target,
     pub priority: u16,
     pub weight: u16,
     pub port: u16,
-    /// `<hex>.addr.<origin>` for an IP address, else the host name.
-    pub target: Name,
-    pub txt: TXT,
+    pub metadata: Metadata,
 }
 
 /// TXT character-strings hold at most 255 bytes; longer entries are split, never cut.
@@ -112,37 +122,45 @@ fn txt_strings(entries: impl IntoIterator<Item = String>) -> Vec<String> {
 }
 
 impl InstanceRecords {
-    pub fn new(instance: &Instance, zone: &ZoneNames) -> Self {
-        let (ip, target) = match instance.parsed_address() {
-            Address::Ip(ip) => (Some(ip), zone.addr_name(ip)),
+    pub fn new(instance: &Instance) -> Self {
+        let target = match instance.parsed_address() {
+            Address::Ip(ip) => Target::Ip(ip),
             Address::Host(host) => {
                 let mut name = Name::from_str(&host).expect("validated host name");
                 name.set_fqdn(true);
-                (None, name)
+                Target::Host(Box::new(name))
             }
         };
-        let entries = std::iter::once(format!("id={}", instance.id))
-            .chain(instance.metadata.iter().map(|(k, v)| format!("{k}={v}")));
-        Self {
-            ip,
-            priority: instance.priority,
-            weight: instance.weight,
-            port: instance.port,
-            target,
-            txt: TXT::new(txt_strings(entries)),
+        Self { target, priority: instance.priority, weight: instance.weight, port: instance.port, metadata: instance.metadata.clone() }
+    }
+
+    /// The address of an IP target.
+    pub fn ip(&self) -> Option<IpAddr> {
+        match self.target {
+            Target::Ip(ip) => Some(ip),
+            Target::Host(_) => None,
         }
     }
 
-    pub fn srv(&self) -> RData {
-        RData::SRV(SRV::new(self.priority, self.weight, self.port, self.target.clone()))
+    fn target_name(&self, zone: &ZoneNames) -> Name {
+        match &self.target {
+            Target::Ip(ip) => zone.addr_name(*ip),
+            Target::Host(name) => (**name).clone(),
+        }
     }
 
-    pub fn txt(&self) -> RData {
-        RData::TXT(self.txt.clone())
+    pub fn srv(&self, zone: &ZoneNames) -> RData {
+        RData::SRV(SRV::new(self.priority, self.weight, self.port, self.target_name(zone)))
+    }
+
+    /// `id=<id>`, then `key=value` per metadata entry, sorted by key.
+    pub fn txt(&self, id: &str) -> RData {
+        let entries = std::iter::once(format!("id={id}")).chain(self.metadata.iter().map(|(k, v)| format!("{k}={v}")));
+        RData::TXT(TXT::new(txt_strings(entries)))
     }
 
     /// For an IP target: the address record of `<hex>.addr.<origin>`, for the additional section.
-    pub fn glue(&self, ttl: u32) -> Option<Record> {
-        self.ip.map(|ip| Record::from_rdata(self.target.clone(), ttl, address_rdata(ip)))
+    pub fn glue(&self, zone: &ZoneNames, ttl: u32) -> Option<Record> {
+        self.ip().map(|ip| Record::from_rdata(zone.addr_name(ip), ttl, address_rdata(ip)))
     }
 }

@@ -59,7 +59,7 @@ impl PortsFile {
     pub fn from_instances(instances: &[Instance]) -> Self {
         let mut groups: BTreeMap<(u16, String), Vec<&Instance>> = BTreeMap::new();
         for i in instances {
-            groups.entry((i.port, i.protocol.clone())).or_default().push(i);
+            groups.entry((i.port, i.protocol.to_string())).or_default().push(i);
         }
         let ports = groups
             .into_iter()
@@ -81,7 +81,7 @@ impl PortsFile {
                     shared_with: counts.keys().filter(|s| **s != service).cloned().collect(),
                     service,
                     container,
-                    instances: members.iter().map(|m| m.id.clone()).collect(),
+                    instances: members.iter().map(|m| m.id.to_string()).collect(),
                 }
             })
             .collect();

@@ -43,16 +43,16 @@ pub fn routes(instances: &[Instance]) -> Vec<Route> {
         .into_iter()
         .map(|(domain, mut members)| {
             members.sort_by(|a, b| a.id.cmp(&b.id));
-            let services: Vec<String> = members.iter().map(|m| m.name.clone()).collect::<BTreeSet<_>>().into_iter().collect();
+            let services: Vec<String> = members.iter().map(|m| m.name.to_string()).collect::<BTreeSet<_>>().into_iter().collect();
             Route {
                 domain,
                 conflict: services.len() > 1,
                 instances: members
                     .iter()
                     .map(|m| RouteInstance {
-                        id: m.id.clone(),
-                        service: m.name.clone(),
-                        address: m.address.clone(),
+                        id: m.id.to_string(),
+                        service: m.name.to_string(),
+                        address: m.address.to_string(),
                         port: m.port,
                         healthy: m.healthy,
                     })

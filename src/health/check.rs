@@ -1,6 +1,5 @@
 //! How an instance asks to be checked (R6): the `check*` labels in its metadata or tags.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -8,7 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::config::parse_duration;
-use crate::registry::instance::{FieldError, label};
+use crate::registry::instance::{FieldError, Metadata, label};
 
 pub const DEFAULT_PATH: &str = "/";
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);
@@ -59,7 +58,7 @@ pub struct CheckSpec {
 }
 
 impl CheckSpec {
-    pub fn from_labels(metadata: &BTreeMap<String, String>, tags: &[String]) -> Result<Self, FieldError> {
+    pub fn from_labels(metadata: &Metadata, tags: &[String]) -> Result<Self, FieldError> {
         let get = |key: &str| label(metadata, tags, key);
         let field = |key: &str| format!("metadata.{key}");
         let kind = get("check")

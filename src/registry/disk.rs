@@ -27,7 +27,7 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// Bumped when the stored layout changes incompatibly.
 pub const SCHEMA_VERSION: u64 = 1;
 pub const FILE_NAME: &str = "registry.redb";
-const CACHE_BYTES: usize = 8 << 20;
+const CACHE_BYTES: usize = 2 << 20;
 /// Most writes grouped into one commit.
 const MAX_BATCH: usize = 8192;
 

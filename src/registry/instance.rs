@@ -2,9 +2,12 @@
 //! registration body into something the registry may store.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use compact_str::CompactString;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::clock::{Nanos, parse_rfc3339, rfc3339};
 
@@ -23,13 +26,13 @@ pub const JET_DOMAIN: &str = "jet.domain";
 /// wire so consumers never have to guess a default.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Instance {
-    pub id: String,
-    pub name: String,
-    pub address: String,
+    pub id: CompactString,
+    pub name: CompactString,
+    pub address: CompactString,
     pub port: u16,
-    pub protocol: String,
+    pub protocol: CompactString,
     pub tags: Vec<String>,
-    pub metadata: BTreeMap<String, String>,
+    pub metadata: Metadata,
     pub weight: u16,
     pub priority: u16,
     pub healthy: bool,
@@ -53,8 +56,8 @@ impl Instance {
     }
 }
 
-pub fn label<'a>(metadata: &'a BTreeMap<String, String>, tags: &'a [String], key: &str) -> Option<&'a str> {
-    metadata.get(key).map(String::as_str).or_else(|| {
+pub fn label<'a>(metadata: &'a Metadata, tags: &'a [String], key: &str) -> Option<&'a str> {
+    metadata.get(key).or_else(|| {
         tags.iter()
             .find_map(|t| t.split_once('=').filter(|(k, _)| *k == key).map(|(_, v)| v))
     })
@@ -71,6 +74,65 @@ mod timestamp {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Nanos, D::Error> {
         let s = String::deserialize(d)?;
         parse_rfc3339(&s).ok_or_else(|| D::Error::custom(format!("not an RFC 3339 time: {s}")))
+    }
+}
+
+/// An instance's metadata (R5): a map from string to string, kept as one shared slice sorted
+/// by key. It is set at registration and never changed, and DNS (TXT), the export and the
+/// health checker all read it, so copies of an instance share it instead of cloning it
+/// (a two-entry `BTreeMap` costs a 544-byte node before its strings).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Metadata(Option<Arc<[(CompactString, CompactString)]>>);
+
+impl Metadata {
+    pub fn get(&self, key: &str) -> Option<&str> {
+        let entries = self.0.as_deref()?;
+        entries.binary_search_by(|(k, _)| k.as_str().cmp(key)).ok().map(|i| entries[i].1.as_str())
+    }
+
+    /// The entries, sorted by key.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.as_deref().unwrap_or_default().iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.as_deref().map_or(0, <[_]>::len)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl From<BTreeMap<String, String>> for Metadata {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        let entries: Vec<(CompactString, CompactString)> = map.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+        Self((!entries.is_empty()).then(|| entries.into()))
+    }
+}
+
+impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Metadata {
+    /// Later entries win over earlier ones with the same key, as in a JSON object.
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(entries: I) -> Self {
+        entries.into_iter().map(|(k, v)| (k.into(), v.into())).collect::<BTreeMap<_, _>>().into()
+    }
+}
+
+impl fmt::Debug for Metadata {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl Serialize for Metadata {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        BTreeMap::<String, String>::deserialize(d).map(Self::from)
     }
 }
 
@@ -127,13 +189,13 @@ pub struct Registration {
 /// A validated registration: the mutable fields of an instance, without server stamps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Spec {
-    pub id: String,
-    pub name: String,
-    pub address: String,
+    pub id: CompactString,
+    pub name: CompactString,
+    pub address: CompactString,
     pub port: u16,
-    pub protocol: String,
+    pub protocol: CompactString,
     pub tags: Vec<String>,
-    pub metadata: BTreeMap<String, String>,
+    pub metadata: Metadata,
     pub weight: u16,
     pub priority: u16,
     pub healthy: bool,
@@ -212,7 +274,7 @@ impl Registration {
         }
 
         let tags = self.tags.unwrap_or_default();
-        let metadata = self.metadata.unwrap_or_default();
+        let metadata = Metadata::from(self.metadata.unwrap_or_default());
         if let Some(domain) = label(&metadata, &tags, JET_DOMAIN) {
             let host = domain.strip_suffix('.').unwrap_or(domain);
             if !is_host_name(host) || !host.contains('.') {
@@ -225,11 +287,11 @@ impl Registration {
         crate::health::CheckSpec::from_labels(&metadata, &tags)?;
 
         Ok(Spec {
-            id,
-            name,
-            address,
+            id: id.into(),
+            name: name.into(),
+            address: address.into(),
             port,
-            protocol,
+            protocol: protocol.into(),
             tags,
             metadata,
             weight,

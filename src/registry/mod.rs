@@ -103,7 +103,7 @@ pub struct Registry {
     instances: DashMap<Arc<str>, Entry>,
     services: DashMap<String, Arc<ServiceView>>,
     /// protocol → service → members of that protocol, for `_<protocol>.<zone>`.
-    protocols: DashMap<String, std::collections::HashMap<String, usize>>,
+    protocols: DashMap<Arc<str>, std::collections::HashMap<String, usize>>,
     leases: LeaseIndex,
     count: AtomicUsize,
     serial: AtomicU32,
@@ -218,14 +218,11 @@ impl Registry {
         spec.effective_kind(self.settings.default_check) != CheckKind::None
     }
 
-    fn member(&self, instance: &Instance, lease: Arc<Lease>) -> Arc<Member> {
-        Arc::new(Member {
-            id: instance.id.as_str().into(),
-            protocol: instance.protocol.clone(),
-            healthy: instance.healthy,
-            lease,
-            records: InstanceRecords::new(instance, &self.settings.zone),
-        })
+    /// The DNS side of an instance stored under `id`.
+    fn member(&self, id: &Arc<str>, instance: &Instance, lease: Arc<Lease>) -> Arc<Member> {
+        // The protocol's name is shared with the `protocols` index, which holds every protocol in use.
+        let protocol = self.protocols.get(instance.protocol.as_str()).map_or_else(|| instance.protocol.as_str().into(), |e| e.key().clone());
+        Arc::new(Member { id: id.clone(), protocol, healthy: instance.healthy, lease, records: InstanceRecords::new(instance) })
     }
 
     fn put_member(&self, service: &str, member: Arc<Member>) {
@@ -263,10 +260,10 @@ impl Registry {
 
     /// Keeps `protocols` in step with the views. Never called while a view entry is locked,
     /// so readers may hold a protocol entry while they look views up.
-    fn count_protocol(&self, protocol: &str, service: &str, add: bool) {
+    fn count_protocol(&self, protocol: &Arc<str>, service: &str, add: bool) {
         if add {
-            *self.protocols.entry(protocol.to_owned()).or_default().entry(service.to_owned()).or_default() += 1;
-        } else if let MapEntry::Occupied(mut services) = self.protocols.entry(protocol.to_owned()) {
+            *self.protocols.entry(protocol.clone()).or_default().entry(service.to_owned()).or_default() += 1;
+        } else if let MapEntry::Occupied(mut services) = self.protocols.entry(protocol.clone()) {
             if let Some(count) = services.get_mut().get_mut(service) {
                 *count -= 1;
                 if *count == 0 {
@@ -284,7 +281,7 @@ impl Registry {
     pub fn protocol_answerable(&self, protocol: &str, now: Nanos) -> bool {
         self.protocols.get(protocol).is_some_and(|services| {
             services.keys().any(|service| {
-                self.view(service).is_some_and(|v| v.answerable(now).any(|m| m.protocol == protocol))
+                self.view(service).is_some_and(|v| v.answerable(now).any(|m| *m.protocol == *protocol))
             })
         })
     }
@@ -315,6 +312,8 @@ impl Registry {
         };
         let registered = match self.instances.entry(id.clone()) {
             MapEntry::Occupied(mut occupied) => {
+                // The stored key, so that the index and the view share its allocation.
+                let id = occupied.key().clone();
                 let entry = occupied.get_mut();
                 let alive = entry.lease.alive(now);
                 let old = &entry.instance;
@@ -327,7 +326,7 @@ impl Registry {
                     if keep_health { old.healthy } else { spec.healthy },
                 );
                 let earlier = self.move_lease(&id, &entry.lease, deadline);
-                let member = self.member(&instance, entry.lease.clone());
+                let member = self.member(&id, &instance, entry.lease.clone());
                 let renamed = old.name != instance.name;
                 if renamed {
                     self.remove_member(&old.name, &id);
@@ -350,7 +349,7 @@ impl Registry {
                 }
                 let instance = stamp(now, spec.healthy);
                 let lease = Arc::new(Lease::new(deadline));
-                let member = self.member(&instance, lease.clone());
+                let member = self.member(&id, &instance, lease.clone());
                 self.put_member(&instance.name, member.clone());
                 self.leases.reschedule(&id, None, deadline);
                 vacant.insert(Entry { instance: instance.clone(), lease, member, renewal_pending: AtomicBool::new(false) });
@@ -468,7 +467,7 @@ impl Registry {
             return false;
         }
         entry.instance.healthy = healthy;
-        let member = self.member(&entry.instance, entry.lease.clone());
+        let member = self.member(entry.key(), &entry.instance, entry.lease.clone());
         self.put_member(&entry.instance.name, member.clone());
         entry.member = member;
         let id = entry.key().clone();
@@ -561,7 +560,7 @@ impl Registry {
             self.forget(&id, &old);
         }
         let lease = Arc::new(Lease::new(deadline));
-        let member = self.member(&instance, lease.clone());
+        let member = self.member(&id, &instance, lease.clone());
         self.put_member(&instance.name, member.clone());
         self.leases.reschedule(&id, None, deadline);
         self.instances.insert(id.clone(), Entry { instance, lease, member, renewal_pending: AtomicBool::new(false) });

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::registry::clock::ManualClock;
-use crate::registry::instance::{FieldError, Registration};
+use crate::registry::instance::{FieldError, Metadata, Registration};
 
 pub(crate) fn registry(default_ttl: std::time::Duration) -> (Registry, Arc<ManualClock>) {
     registry_max(default_ttl, 1000)
@@ -45,7 +45,7 @@ fn spec_ttl(id: &str, name: &str, ttl_ns: i64) -> Spec {
 }
 
 fn ids(instances: &[Instance]) -> Vec<String> {
-    instances.iter().map(|i| i.id.clone()).collect()
+    instances.iter().map(|i| i.id.to_string()).collect()
 }
 
 fn all(r: &Registry) -> Vec<String> {
@@ -114,7 +114,7 @@ fn re_register_is_upsert_keeping_registered_at_and_replacing_mutable_fields() {
     assert_eq!(i.port, 9090);
     assert_eq!(i.protocol, "udp");
     assert_eq!(i.tags, vec!["x=y".to_owned()]);
-    assert_eq!(i.metadata, metadata);
+    assert_eq!(i.metadata, Metadata::from(metadata));
     assert_eq!(i.weight, 7);
     assert_eq!(i.priority, 3);
     assert!(!i.healthy);
@@ -614,7 +614,7 @@ fn list_is_sorted_by_name_then_id_and_filters() {
     r.register(Registration { healthy: Some(false), ..reg("sick", "delta") }.validate().unwrap()).unwrap();
     r.register(Registration { healthy: Some(false), ..reg("d", "alpha") }.validate().unwrap()).unwrap();
     let list = r.list(&Filter::default());
-    let pairs: Vec<(String, String)> = list.iter().map(|i| (i.name.clone(), i.id.clone())).collect();
+    let pairs: Vec<(String, String)> = list.iter().map(|i| (i.name.to_string(), i.id.to_string())).collect();
     let expect: Vec<(String, String)> = [
         ("alpha", "c"),
         ("alpha", "d"),
@@ -844,7 +844,7 @@ fn tags_and_metadata_are_kept() {
     .validate()
     .unwrap();
     assert_eq!(s.tags, vec!["a".to_owned(), "container=voice-1".to_owned()]);
-    assert_eq!(s.metadata.get("service").map(String::as_str), Some("voice"));
+    assert_eq!(s.metadata.get("service"), Some("voice"));
 }
 
 #[test]
@@ -866,4 +866,22 @@ fn re_registering_at_a_new_address_resets_a_checked_flag() {
     assert!(registry.set_health("x", false));
     assert!(!registry.register(spec("10.0.0.1")).unwrap().instance.healthy, "the same target keeps the checker's verdict");
     assert!(registry.register(spec("10.0.0.2")).unwrap().instance.healthy, "a new address starts over with the registrant's flag");
+}
+
+#[test]
+fn metadata_is_a_sorted_map_on_the_wire_and_shared_between_copies() {
+    let m: Metadata = serde_json::from_str(r#"{"zone": "eu", "codec": "opus", "zone": "us"}"#).unwrap();
+    assert_eq!(m.len(), 2);
+    assert_eq!(m.get("zone"), Some("us"), "a later duplicate key wins, as in a JSON object");
+    assert_eq!(m.get("codec"), Some("opus"));
+    assert_eq!(m.get("missing"), None);
+    assert_eq!(serde_json::to_string(&m).unwrap(), r#"{"codec":"opus","zone":"us"}"#);
+    assert_eq!(m.iter().collect::<Vec<_>>(), vec![("codec", "opus"), ("zone", "us")]);
+    assert_eq!(serde_json::to_string(&Metadata::default()).unwrap(), "{}");
+    let none: Metadata = serde_json::from_str("{}").unwrap();
+    assert!(none.is_empty() && none == Metadata::default());
+    // Instances registered from it keep it as given.
+    let (r, _) = registry(60 * SEC);
+    let registered = r.register(Registration { metadata: Some([("b".into(), "2".into()), ("a".into(), "1".into())].into()), ..reg("m", "voice") }.validate().unwrap()).unwrap();
+    assert_eq!(registered.instance.metadata.iter().collect::<Vec<_>>(), vec![("a", "1"), ("b", "2")]);
 }

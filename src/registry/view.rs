@@ -11,8 +11,10 @@ use crate::dns::records::InstanceRecords;
 
 #[derive(Debug)]
 pub struct Member {
+    /// The registry's key, shared.
     pub id: Arc<str>,
-    pub protocol: String,
+    /// Interned: one allocation per protocol, not per instance.
+    pub protocol: Arc<str>,
     pub healthy: bool,
     pub lease: Arc<Lease>,
     pub records: InstanceRecords,
@@ -45,7 +47,9 @@ impl ServiceView {
 
     /// A copy with `member` put in place of any member of the same id, and that member.
     pub(super) fn with(&self, member: Arc<Member>) -> (Self, Option<Arc<Member>>) {
-        let mut members = self.members.clone();
+        // Sized for one more, so an insert does not double the allocation.
+        let mut members = Vec::with_capacity(self.members.len() + 1);
+        members.extend_from_slice(&self.members);
         let replaced = match members.binary_search_by(|m| m.id.cmp(&member.id)) {
             Ok(i) => Some(std::mem::replace(&mut members[i], member)),
             Err(i) => {
