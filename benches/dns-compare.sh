@@ -12,9 +12,10 @@
 #   THREADS=2         worker threads for every server (koder-dns: TOKIO_WORKER_THREADS,
 #                     NSD: server-count, Knot: udp-workers and tcp-workers)
 #   SERVICES=200 INSTANCES=5
-#   FILL_SERVICES=0 FILL_INSTANCES=5   extra "fill<n>" instances registered in
-#                     koder-dns only (not in the peers' zone, never queried):
-#                     registry size without changing the queries
+#   FILL_SERVICES=0 FILL_INSTANCES=5   when > 0, a second koder-dns ("koder+fill") with
+#                     the same instances plus these "fill<n>" ones (not in the peers' zone,
+#                     never queried), measured in the same rounds: registry size without
+#                     changing the queries
 #   QUERY_MIX=srv=60,a=20,txt=10,nx=10
 #   CLIENTS=8 OUTSTANDING=200 DNSPERF_THREADS=1   dnsperf -c, -q, -T
 #   DNSPERF_MODE=udp  (or tcp)
@@ -61,6 +62,7 @@ python3 "$BENCH_LIB_DIR/gen.py" "$IN" --services "$SERVICES" --instances "$INSTA
 
 declare -A PORT PID
 SERVERS=(koder)
+[[ $FILL_SERVICES -gt 0 ]] && SERVERS+=(koderfill)
 for p in $PEERS; do
     case "$p" in
         nsd | knot) SERVERS+=("$p") ;;
@@ -76,7 +78,12 @@ PID[koder]="$KODER_PID"
 log "registering $((SERVICES * INSTANCES)) instances over REST"
 register_jsonl "$IN/register.jsonl" "live instances" --procs 4
 if [[ -s $IN/fill.jsonl ]]; then
-    log "registering $((FILL_SERVICES * FILL_INSTANCES)) filler instances (koder-dns only)"
+    PORT[koderfill]="$(free_port)"
+    HTTP_PORT="$(free_port)"
+    KODER_NAME=koder-fill start_koder "${PORT[koderfill]}" "$HTTP_PORT"
+    PID[koderfill]="$KODER_PID"
+    register_jsonl "$IN/register.jsonl" "live instances (koder-dns+fill)" --procs 4
+    log "registering $((FILL_SERVICES * FILL_INSTANCES)) filler instances (koder-dns+fill only)"
     register_jsonl "$IN/fill.jsonl" filler --procs 4 --conns 8
 fi
 
@@ -108,7 +115,7 @@ canon() {
 }
 canon "${PORT[koder]}" >"$BENCH_TMP/answers.koder"
 MISMATCH=0
-for p in $PEERS; do
+for p in ${PORT[koderfill]:+koderfill} $PEERS; do
     canon "${PORT[$p]}" >"$BENCH_TMP/answers.$p"
     if ! diff -u "$BENCH_TMP/answers.$p" "$BENCH_TMP/answers.koder" >"$BENCH_TMP/answers.diff.$p"; then
         MISMATCH=1
@@ -116,7 +123,7 @@ for p in $PEERS; do
         grep '^[-+]=' "$BENCH_TMP/answers.diff.$p" | cut -c1-300 >&2
     fi
 done
-[[ $MISMATCH == 0 ]] && log "answer check: koder-dns returns the same records as: ${PEERS:-(no peers)}"
+[[ $MISMATCH == 0 ]] && log "answer check: koder-dns returns the same records as: ${PORT[koderfill]:+koder-dns+fill }${PEERS:-(no peers)}"
 
 # ---- dnsperf runs
 # run_dnsperf SERVER SECONDS OUTFILE  (also records server CPU ticks)
@@ -172,7 +179,7 @@ python3 - "$RESULTS" "$TCK" "$DURATION" <<'EOF'
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 tck, dur = float(sys.argv[2]), float(sys.argv[3])
-names = {"koder": "koder-dns", "nsd": "NSD", "knot": "Knot DNS"}
+names = {"koder": "koder-dns", "koderfill": "koder+fill", "nsd": "NSD", "knot": "Knot DNS"}
 by = {}
 for s, r, qps, lat, sent, lost, rsize, nx, ticks, drops in rows:
     by.setdefault(s, []).append(dict(qps=float(qps), lat=float(lat), sent=int(sent), lost=int(lost),
@@ -182,7 +189,7 @@ print()
 print(hdr)
 print("-" * len(hdr))
 med = {}
-for s in ["koder", "nsd", "knot"]:
+for s in ["koder", "koderfill", "nsd", "knot"]:
     if s not in by:
         continue
     rs = by[s]
@@ -195,17 +202,19 @@ for s in ["koder", "nsd", "knot"]:
     per = " ".join(f"{x['qps']/1000:.1f}k" for x in rs)
     print(f"{names[s]:<10} {per:<28} {med[s]:>10.0f} {lat:>10.3f} {loss:>7.2f} {rs[0]['rsize']:>6} "
           f"{statistics.mean(x['nx'] for x in rs):>6.1f} {cores:>9.2f} {usq:>8.1f} {sum(x['drops'] for x in rs):>12}")
-peers = {s: q for s, q in med.items() if s != "koder"}
+peers = {s: q for s, q in med.items() if s in ("nsd", "knot")}
 print()
 if peers and "koder" in med:
     best = max(peers, key=peers.get)
     print(f"ratio koder-dns / fastest peer ({names[best]}): {med['koder'] / peers[best]:.2f}  (median QPS)")
+if "koderfill" in med:
+    print(f"ratio koder-dns+fill / koder-dns: {med['koderfill'] / med['koder']:.2f}  (median QPS)")
 EOF
 echo
 echo "query mix: $QUERY_MIX over $((SERVICES * INSTANCES)) instances in $SERVICES services;" \
     "dnsperf -m $DNSPERF_MODE -c $CLIENTS -q $OUTSTANDING -T $DNSPERF_THREADS -l $DURATION, $ROUNDS rounds (order rotates)"
 if [[ $FILL_SERVICES -gt 0 ]]; then
-    echo "koder-dns also holds $((FILL_SERVICES * FILL_INSTANCES)) filler instances in $FILL_SERVICES services" \
+    echo "koder+fill = a second koder-dns that also holds $((FILL_SERVICES * FILL_INSTANCES)) filler instances in $FILL_SERVICES services" \
         "(never queried; not in the peers' zone): $((SERVICES * INSTANCES + FILL_SERVICES * FILL_INSTANCES)) registered in all"
 fi
 echo "servers: $THREADS worker threads each (koder-dns TOKIO_WORKER_THREADS and --dns-udp-workers, NSD server-count + reuseport," \

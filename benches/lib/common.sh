@@ -176,12 +176,13 @@ koder_bin() {
 
 # start_koder DNS_PORT HTTP_PORT [extra serve args...]
 # Sets KODER_PID. Logs to $BENCH_TMP/koder/log. Waits for /healthz.
+# start_koder DNS_PORT HTTP_PORT [ARGS...]: in $BENCH_TMP/${KODER_NAME:-koder}; sets KODER_PID
 start_koder() {
     local dport="$1" hport="$2"
     shift 2
     local dir
     [[ -n "${KODER_BIN:-}" ]] || KODER_BIN="$(koder_bin)"
-    dir="$BENCH_TMP/koder"
+    dir="$BENCH_TMP/${KODER_NAME:-koder}"
     mkdir -p "$dir/data" "$dir/zones"
     log "starting koder-dns (TOKIO_WORKER_THREADS=$THREADS) dns=$dport http=$hport"
     KODER_DNS_API_KEY="$API_KEY" TOKIO_WORKER_THREADS="$THREADS" KODER_DNS_DNS_UDP_WORKERS="$THREADS" KODER_DNS_LOG="${KODER_LOG:-warn}" \
