@@ -7,7 +7,7 @@ use std::sync::Arc;
 use hickory_proto::rr::rdata::HINFO;
 use hickory_proto::rr::{LowerName, Name, RData, Record, RecordType};
 
-use super::prepared::{Orders, Prepared, ROTATIONS};
+use super::prepared::{Asked, Prepared};
 use super::records::{ZoneNames, address_rdata, parse_addr_label};
 use crate::registry::Registry;
 use crate::registry::clock::Nanos;
@@ -168,24 +168,23 @@ impl ZoneAnswerer {
         self.registry.with_view(std::str::from_utf8(service).ok()?, |view| {
             let build = || {
                 let members = self.answerable(view, protocol, now);
-                let n = members.len();
-                let rotations = n.min(ROTATIONS);
                 let owner = Name::from(qname);
                 let earliest = earliest(&members);
                 let ttl = Lease::ttl_at(earliest, now, self.dns_ttl);
-                let mut orders = Vec::with_capacity(rotations);
-                for r in 0..rotations {
+                let zone = self.registry.zone();
+                let order = |start: usize| {
                     let mut rotated = members.clone();
-                    rotated.rotate_left(r * n / rotations);
-                    match service_records(self.registry.zone(), &rotated, &owner, qtype, protocol.is_some(), ttl) {
-                        Answer::Records { answers, additionals } => orders.push((answers, additionals)),
-                        _ => return None,
+                    rotated.rotate_left(start);
+                    match service_records(zone, &rotated, &owner, qtype, protocol.is_some(), ttl) {
+                        Answer::Records { answers, additionals } => (answers, additionals),
+                        _ => Default::default(),
                     }
-                }
-                if orders.is_empty() {
-                    return None;
-                }
-                Some(Prepared::encode(Orders { owner, qtype, ttl, earliest, orders }))
+                };
+                // Only answers with records are prepared; negative ones carry the serial.
+                let mut first = Some(order(0)).filter(|(answers, _)| !answers.is_empty());
+                first.as_ref()?;
+                let asked = Asked { owner: owner.clone(), qtype, ttl, earliest, members: members.len() };
+                Some(Prepared::encode(asked, |start| first.take().unwrap_or_else(|| order(start))))
             };
             view.prepared.with(qtype, protocol, now, build, f)
         })?
@@ -202,13 +201,17 @@ fn earliest(members: &[Arc<Member>]) -> Nanos {
 fn service_records(zone: &ZoneNames, members: &[Arc<Member>], owner: &Name, qtype: RecordType, srv_name: bool, ttl: u32) -> Answer {
     let answers = match (qtype, srv_name) {
         (RecordType::SRV, true) => {
+            // An IP target's address goes to the additional section, once per address.
             let mut seen = HashSet::new();
-            let additionals = members
-                .iter()
-                .filter(|m| m.records.ip().is_some_and(|ip| seen.insert(ip)))
-                .filter_map(|m| m.records.glue(zone, ttl))
-                .collect();
-            let answers = records(owner, ttl, members.iter().map(|m| m.records.srv(zone)));
+            let mut additionals = Vec::new();
+            let srvs = members.iter().map(|m| {
+                let target = m.records.target_name(zone);
+                if let Some(ip) = m.records.ip().filter(|ip| seen.insert(*ip)) {
+                    additionals.push(Record::from_rdata(target.clone(), ttl, address_rdata(ip)));
+                }
+                m.records.srv(target)
+            });
+            let answers = records(owner, ttl, srvs);
             return Answer::Records { answers, additionals };
         }
         (RecordType::TXT, _) => records(owner, ttl, members.iter().map(|m| m.records.txt(&m.id))),

@@ -22,7 +22,7 @@
 use std::sync::{Arc, LazyLock};
 
 use arc_swap::ArcSwapOption;
-use hickory_proto::op::{Edns, Header, HeaderCounts, Message, MessageType, Metadata, OpCode, Query, ResponseCode};
+use hickory_proto::op::{Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, Query, ResponseCode, emit_message_parts};
 use hickory_proto::rr::{Name, Record, RecordType};
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
 
@@ -79,13 +79,53 @@ impl Key {
     }
 }
 
+/// One response, encoded with id 0 and the prepared question.
+#[derive(Debug)]
+struct Encoded {
+    bytes: Box<[u8]>,
+    counts: HeaderCounts,
+    truncation: bool,
+}
+
+impl Encoded {
+    /// `None` when even the question does not fit `max` bytes.
+    fn new(query: &Query, answers: &[Record], additionals: &[Record], max: u16) -> Option<Self> {
+        let mut bytes = Vec::with_capacity(512);
+        let mut encoder = BinEncoder::new(&mut bytes);
+        encoder.set_max_size(max);
+        let metadata = Metadata::new(0, MessageType::Response, OpCode::Query);
+        let (mut none_a, mut none_b) = (std::iter::empty::<&Record>(), std::iter::empty::<&Record>());
+        let header = if additionals.is_empty() {
+            emit_message_parts(&metadata, &mut std::iter::once(query), &mut answers.iter(), &mut none_a, &mut none_b, None, None, &mut encoder)
+        } else {
+            emit_message_parts(&metadata, &mut std::iter::once(query), &mut answers.iter(), &mut none_a, &mut additionals.iter(), None, None, &mut encoder)
+        }
+        .ok()?;
+        // A record that did not fit is rolled back by offset only; drop what it left.
+        encoder.trim();
+        Some(Self { bytes: bytes.into(), counts: header.counts, truncation: header.metadata.truncation })
+    }
+}
+
+/// Bytes of whole responses kept per answer: small answers get [`ROTATIONS`] orders, a large
+/// one fewer (one at 16 KiB), so that a large service costs neither much memory nor, when it
+/// changes often, much time to prepare.
+const ROTATION_BYTES: usize = 16 << 10;
+
+/// UDP budgets (buffer minus OPT record) that a response cut short is prepared for: 512
+/// without EDNS, and 512, 1232 and 4096 with it. A request gets the largest that fits its
+/// own budget.
+const UDP_BUDGETS: [usize; 4] = [512 - 11, 512, 1232 - 11, MAX_UDP_PAYLOAD as usize - 11];
+
 /// One answer, encoded.
 #[derive(Debug)]
 pub struct Prepared {
-    /// Whole responses (id 0), one per record order; empty when the answer is too large to
-    /// be worth keeping: such queries take the encoding path.
-    rotations: Box<[Box<[u8]>]>,
-    counts: HeaderCounts,
+    /// Whole responses, one per record order; empty when the answer does not fit one TCP
+    /// message: such queries take the encoding path, which cuts it.
+    rotations: Box<[Encoded]>,
+    /// For an answer larger than some UDP budgets: the response cut to each, smallest first,
+    /// from the first order, TC set: the client retries over TCP.
+    cut: Box<[Encoded]>,
     /// Length of the question, which starts right after the 12-byte header.
     question_len: usize,
     /// Until when (exclusive) this is the answer: then the TTL would have to shrink below
@@ -93,66 +133,81 @@ pub struct Prepared {
     expires: Nanos,
 }
 
-/// The records of one answer in each of its orders, as the caller builds them.
-pub struct Orders {
+/// What to prepare: the question, the records' TTL and the earliest lease deadline of the
+/// instances answered.
+pub struct Asked {
     pub owner: Name,
     pub qtype: RecordType,
-    /// The records' TTL, and the earliest lease deadline of the instances answered.
     pub ttl: u32,
     pub earliest: Nanos,
-    /// (answers, additionals) per order.
-    pub orders: Vec<(Vec<Record>, Vec<Record>)>,
+    /// Instances answered: the orders start at each in turn.
+    pub members: usize,
 }
 
 impl Prepared {
-    /// Encodes every order with hickory. `owner` must be lower case: queries match it up to case.
-    pub fn encode(orders: Orders) -> Self {
-        let Orders { owner, qtype, ttl, earliest, orders } = orders;
+    /// Encodes the answer with hickory, in as many orders as [`ROTATIONS`] and
+    /// [`ROTATION_BYTES`] allow. `records(start)` gives (answers, additionals) in the order
+    /// that starts at member `start`. `owner` must be lower case: queries match it up to case.
+    pub fn encode(asked: Asked, mut records: impl FnMut(usize) -> (Vec<Record>, Vec<Record>)) -> Self {
+        let Asked { owner, qtype, ttl, earliest, members } = asked;
         let query = Query::query(owner, qtype);
         let question_len = query.to_bytes().map_or(0, |q| q.len());
-        let mut counts = HeaderCounts::default();
-        let mut rotations = Vec::with_capacity(orders.len());
-        for (answers, additionals) in orders {
-            let mut message = Message::new(0, MessageType::Response, OpCode::Query);
-            message.add_query(query.clone());
-            message.add_answers(answers);
-            message.add_additionals(additionals);
-            let Ok(bytes) = message.to_vec() else { break };
-            if bytes.len() > MAX_UDP_PAYLOAD as usize {
-                break;
-            }
-            counts = HeaderCounts {
-                queries: 1,
-                answers: message.answers.len() as u16,
-                authorities: 0,
-                additionals: message.additionals.len() as u16,
-            };
-            rotations.push(bytes.into_boxed_slice());
+        let (answers, additionals) = records(0);
+        let first = Encoded::new(&query, &answers, &additionals, u16::MAX).filter(|e| !e.truncation);
+        let Some(first) = first else {
+            // Over 64 KiB: nothing to serve until the view changes.
+            return Self { rotations: Box::default(), cut: Box::default(), question_len, expires: Nanos::MAX };
+        };
+        // Cut as the encoding path cuts: the answers that fit, and only when all of them do,
+        // the additional records that fit; TC always, for something was left out.
+        let cut = UDP_BUDGETS
+            .iter()
+            .filter(|&&budget| first.bytes.len() > budget)
+            .filter_map(|&budget| {
+                let answers_only = Encoded::new(&query, &answers, &[], budget as u16)?;
+                let mut cut = match answers_only.truncation {
+                    true => answers_only,
+                    false => Encoded::new(&query, &answers, &additionals, budget as u16)?,
+                };
+                cut.truncation = true;
+                Some(cut)
+            })
+            .collect();
+        let count = members.clamp(1, ROTATIONS).min((ROTATION_BYTES / first.bytes.len()).max(1));
+        let mut rotations = Vec::with_capacity(count);
+        rotations.push(first);
+        for r in 1..count {
+            let (answers, additionals) = records(r * members / count);
+            rotations.extend(Encoded::new(&query, &answers, &additionals, u16::MAX).filter(|e| !e.truncation));
         }
-        // Nothing to serve: the answer stays too large until the view changes.
-        let expires = if rotations.is_empty() { Nanos::MAX } else { earliest.saturating_sub(ttl as Nanos * SECOND) };
-        Self { rotations: rotations.into(), counts, question_len, expires }
+        let expires = earliest.saturating_sub(ttl as Nanos * SECOND);
+        Self { rotations: rotations.into(), cut, question_len, expires }
     }
 
     /// Writes the response to a request with `metadata` and `question` (its raw bytes) into
     /// `out`. False, with `out` unspecified, when this request needs the encoding path: the
-    /// response would exceed `limit`, or the question is not the prepared one up to case.
+    /// question is not the prepared one up to case, or the answer is not prepared.
     pub fn write(&self, metadata: &Metadata, question: &[u8], edns: bool, limit: usize, out: &mut Vec<u8>) -> bool {
-        let rotation = match self.rotations.len() {
+        let whole = match self.rotations.len() {
             0 => return false,
             1 => &self.rotations[0],
             n => &self.rotations[fastrand::usize(..n)],
         };
-        let opt = if edns { opt_record().len() } else { 0 };
-        if rotation.len() + opt > limit
-            || question.len() != self.question_len
-            || !question.eq_ignore_ascii_case(&rotation[12..12 + self.question_len])
-        {
+        let budget = limit - if edns { opt_record().len() } else { 0 };
+        let fitting = if whole.bytes.len() <= budget {
+            Some(whole)
+        } else {
+            self.cut.iter().rev().find(|cut| cut.bytes.len() <= budget)
+        };
+        let Some(encoded) = fitting else { return false };
+        if question.len() != self.question_len || !question.eq_ignore_ascii_case(&encoded.bytes[12..12 + self.question_len]) {
             return false;
         }
         out.clear();
-        out.extend_from_slice(rotation);
-        finish(out, authoritative(metadata, ResponseCode::NoError), self.counts, question, edns)
+        out.extend_from_slice(&encoded.bytes);
+        let mut response = authoritative(metadata, ResponseCode::NoError);
+        response.truncation = encoded.truncation;
+        finish(out, response, encoded.counts, question, edns)
     }
 }
 

@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 use hickory_proto::rr::rdata::{A, AAAA, NS, SOA, SRV, TXT};
+use hickory_proto::rr::domain::Label;
 use hickory_proto::rr::{LowerName, Name, RData, Record};
 
 use crate::registry::instance::{Address, Instance, Metadata};
@@ -40,13 +41,19 @@ impl ZoneNames {
         })
     }
 
-    /// `<hex>.addr.<origin>`: IPv4 as 8 hex digits, IPv6 as 32.
+    /// `<hex>.addr.<origin>`: IPv4 as 8 hex digits, IPv6 as 32. Built from the label's bytes
+    /// rather than parsed from text: answers for a large service build hundreds of them.
     pub fn addr_name(&self, ip: IpAddr) -> Name {
-        let label = match ip {
-            IpAddr::V4(v4) => format!("{:08x}", u32::from(v4)),
-            IpAddr::V6(v6) => format!("{:032x}", u128::from(v6)),
+        let (value, digits) = match ip {
+            IpAddr::V4(v4) => (u32::from(v4) as u128, 8),
+            IpAddr::V6(v6) => (u128::from(v6), 32),
         };
-        Name::from_str(&label).and_then(|l| l.append_domain(&self.addr)).expect("hex labels are valid")
+        let mut label = [0u8; 32];
+        for (i, digit) in label[..digits].iter_mut().enumerate() {
+            *digit = b"0123456789abcdef"[(value >> (4 * (digits - 1 - i)) & 0xf) as usize];
+        }
+        let label = Label::from_raw_bytes(&label[..digits]).expect("8 or 32 hex digits make a label");
+        self.addr.prepend_label(label).expect("a hex label under addr.<origin> is a valid name")
     }
 
     pub fn soa(&self, serial: u32, negative_ttl: u32) -> Record {
@@ -142,25 +149,21 @@ impl InstanceRecords {
         }
     }
 
-    fn target_name(&self, zone: &ZoneNames) -> Name {
+    /// The SRV target: `<hex>.addr.<origin>` or the host name.
+    pub fn target_name(&self, zone: &ZoneNames) -> Name {
         match &self.target {
             Target::Ip(ip) => zone.addr_name(*ip),
             Target::Host(name) => (**name).clone(),
         }
     }
 
-    pub fn srv(&self, zone: &ZoneNames) -> RData {
-        RData::SRV(SRV::new(self.priority, self.weight, self.port, self.target_name(zone)))
+    pub fn srv(&self, target: Name) -> RData {
+        RData::SRV(SRV::new(self.priority, self.weight, self.port, target))
     }
 
     /// `id=<id>`, then `key=value` per metadata entry, sorted by key.
     pub fn txt(&self, id: &str) -> RData {
         let entries = std::iter::once(format!("id={id}")).chain(self.metadata.iter().map(|(k, v)| format!("{k}={v}")));
         RData::TXT(TXT::new(txt_strings(entries)))
-    }
-
-    /// For an IP target: the address record of `<hex>.addr.<origin>`, for the additional section.
-    pub fn glue(&self, zone: &ZoneNames, ttl: u32) -> Option<Record> {
-        self.ip().map(|ip| Record::from_rdata(zone.addr_name(ip), ttl, address_rdata(ip)))
     }
 }

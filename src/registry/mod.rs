@@ -436,6 +436,13 @@ impl Registry {
     /// instances that are due, found through the lease index.
     pub fn reap(&self) -> usize {
         let now = self.clock.now();
+        if !self.leases.any_due(now) {
+            return 0;
+        }
+        // The serial moves before the due leases leave the index: a reader that no longer
+        // finds them due (see `current_serial`) must already see the serial of the zone
+        // without them, even while this sweep is still removing them.
+        self.bump();
         let mut removed = 0;
         for id in self.leases.take_due(now) {
             // A heartbeat may have renewed the lease since it was taken from the index; the
