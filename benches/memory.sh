@@ -24,6 +24,7 @@ DOMAIN=service.koder
 bench_init memory
 need_common_tools
 need_pkg dig bind9-dnsutils
+need_pkg dnsperf dnsperf
 KODER_BIN="$(koder_bin)"
 
 SERVICES=$(((COUNT + PER_SERVICE - 1) / PER_SERVICE))
@@ -63,6 +64,17 @@ names="$(curl -s -H "X-API-Key: $API_KEY" "http://$BENCH_HOST:$HTTP_PORT/api/v1/
     python3 -c 'import json,sys; print(len(json.load(sys.stdin)["services"]))')"
 RSS2B="$(rss_kib "$KODER_PID")"
 
+# every answer prepared: SRV, A and TXT of every service, each asked once
+python3 -c '
+import json, sys
+names = sorted({json.loads(line)["name"] for line in open(sys.argv[1])})
+for n in names:
+    print(f"_{n}._tcp.service.koder. SRV\n{n}.service.koder. A\n{n}.service.koder. TXT")' "$IN/register.jsonl" >"$IN/every.txt"
+dnsperf -s "$BENCH_HOST" -p "$DNS_PORT" -d "$IN/every.txt" -n 1 -c 1 -q 50 >"$BENCH_TMP/every.dnsperf" 2>&1 \
+    || { cat "$BENCH_TMP/every.dnsperf" >&2; die "dnsperf failed"; }
+grep -q "Queries lost: *0 " "$BENCH_TMP/every.dnsperf" || { cat "$BENCH_TMP/every.dnsperf" >&2; die "queries lost"; }
+RSS2C="$(rss_kib "$KODER_PID")"
+
 # full listing last: its response (tens of MB) raises the peak, not the steady state
 detail="$(curl -s -H "X-API-Key: $API_KEY" "http://$BENCH_HOST:$HTTP_PORT/api/v1/services?detail=1" |
     python3 -c 'import json,sys; print(len(json.load(sys.stdin)["instances"]))')"
@@ -81,12 +93,12 @@ RSS4="$(rss_kib "$KODER_PID")"
 restored="$(curl -s -H "X-API-Key: $API_KEY" "http://$BENCH_HOST:$HTTP_PORT/api/v1/services?detail=1&name=${SNAMES[0]}" |
     python3 -c 'import json,sys; print(len(json.load(sys.stdin)["instances"]))')"
 
-python3 - "$N" "$RSS0" "$RSS1" "$HWM1" "$RSS2" "$RSS3" "$HWM3" "$DISK" "$REGISTERED" "$detail" "$names" "$srv" "$PER_SERVICE" "$RSS2B" "${#SNAMES[@]}" "$RSS4" "$restored" <<'EOF'
+python3 - "$N" "$RSS0" "$RSS1" "$HWM1" "$RSS2" "$RSS3" "$HWM3" "$DISK" "$REGISTERED" "$detail" "$names" "$srv" "$PER_SERVICE" "$RSS2B" "${#SNAMES[@]}" "$RSS4" "$restored" "$RSS2C" <<'EOF'
 import json, sys
 n, rss0, rss1, hwm1, rss2, rss3, hwm3, disk = (int(x) for x in sys.argv[1:9])
 reg = json.loads(sys.argv[9])
 detail, names, srv, per = int(sys.argv[10]), int(sys.argv[11]), int(sys.argv[12]), int(sys.argv[13])
-rss2b, nq, rss4, restored = int(sys.argv[14]), int(sys.argv[15]), int(sys.argv[16]), int(sys.argv[17])
+rss2b, nq, rss4, restored, rss2c = int(sys.argv[14]), int(sys.argv[15]), int(sys.argv[16]), int(sys.argv[17]), int(sys.argv[18])
 mib = lambda k: f"{k / 1024:.1f} MiB"
 rows = [
     ("instances registered (200 OK)", f"{reg['ok']} of {n} in {reg['elapsed_s']} s ({reg['rate']:.0f}/s)"),
@@ -97,12 +109,14 @@ rows = [
     ("VmHWM (peak) after registering", mib(hwm1)),
     (f"VmRSS after A+SRV for {nq} names (UDP)", mib(rss2)),
     ("VmRSS after GET /services (names)", mib(rss2b)),
+    ("VmRSS after SRV+A+TXT of every service", f"{mib(rss2c)}  (every answer prepared)"),
     ("VmRSS after full ?detail=1 listing", mib(rss3)),
     ("VmHWM after full listing", mib(hwm3)),
     ("data dir on disk", mib(disk)),
     ("VmRSS after restart (loaded from disk)", f"{mib(rss4)}  ({restored} instances in the first service after restart)"),
     ("bytes per instance (RSS)", f"{(rss1 - rss0) * 1024 / n:.0f}  ((after registering - empty) / instances)"),
     ("bytes per instance (after DNS)", f"{(rss2 - rss0) * 1024 / n:.0f}"),
+    ("bytes per instance (every answer prepared)", f"{(rss2c - rss0) * 1024 / n:.0f}"),
     ("bytes per instance (after restart)", f"{(rss4 - rss0) * 1024 / n:.0f}  (no request garbage)"),
     ("bytes per instance on disk", f"{disk * 1024 / n:.0f}"),
 ]

@@ -455,6 +455,10 @@ async fn empty_non_terminals_follow_the_name_tree() {
             ("_udp.service.koder.", RecordType::A, ResponseCode::NXDomain),
             ("_voice.service.koder.", RecordType::SRV, ResponseCode::NXDomain),
             ("_voice.service.koder.", RecordType::A, ResponseCode::NXDomain),
+            // No wildcards here: `*` is a label like any other, and no such name exists.
+            ("*.service.koder.", RecordType::A, ResponseCode::NXDomain),
+            ("*.service.koder.", RecordType::SOA, ResponseCode::NXDomain),
+            ("*._tcp.service.koder.", RecordType::SRV, ResponseCode::NXDomain),
         ] {
             let reply = ask(&server, via, qname, qtype).await;
             assert_authoritative(&reply);

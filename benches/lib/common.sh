@@ -175,8 +175,7 @@ koder_bin() {
 }
 
 # start_koder DNS_PORT HTTP_PORT [extra serve args...]
-# Sets KODER_PID. Logs to $BENCH_TMP/koder/log. Waits for /healthz.
-# start_koder DNS_PORT HTTP_PORT [ARGS...]: in $BENCH_TMP/${KODER_NAME:-koder}; sets KODER_PID
+# Runs in $BENCH_TMP/${KODER_NAME:-koder} (data, zones, log). Sets KODER_PID. Waits for /healthz.
 start_koder() {
     local dport="$1" hport="$2"
     shift 2

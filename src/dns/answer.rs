@@ -52,8 +52,7 @@ impl ZoneAnswerer {
     /// echo the client's letter case (resolvers using 0x20 randomisation check it).
     pub fn answer(&self, qname: &LowerName, owner: &Name, qtype: RecordType) -> Answer {
         let zone = self.registry.zone();
-        let depth = qname.num_labels() - zone.origin_lower.num_labels();
-        let labels: Vec<&[u8]> = qname.iter().take(depth as usize).collect();
+        let labels: Vec<&[u8]> = qname.iter().take(zone.depth(qname)).collect();
         let now = self.registry.now();
         match labels.as_slice() {
             [] => match qtype {
@@ -100,13 +99,18 @@ impl ZoneAnswerer {
     }
 
     fn soa_as(&self, owner: &Name) -> Record {
-        let soa = self.registry.zone().soa(self.registry.current_serial(), self.negative_ttl);
+        let soa = self.soa();
         Record::from_rdata(owner.clone(), soa.ttl, soa.data)
     }
 
-    /// The zone's SOA for the authority section of negative answers.
+    /// The zone's SOA as of now, for the authority section of negative answers.
     pub fn soa(&self) -> Record {
-        self.registry.zone().soa(self.registry.current_serial(), self.negative_ttl)
+        self.soa_at(self.registry.current_serial())
+    }
+
+    /// The zone's SOA with `serial`.
+    pub fn soa_at(&self, serial: u32) -> Record {
+        self.registry.zone().soa(serial, self.negative_ttl)
     }
 
     fn address_answer(&self, owner: &Name, ip: IpAddr) -> Answer {
@@ -134,7 +138,6 @@ impl ZoneAnswerer {
         members
     }
 
-
     fn service_answer(&self, service: &[u8], protocol: Option<&[u8]>, owner: &Name, qtype: RecordType, now: Nanos) -> Answer {
         let Some(view) = std::str::from_utf8(service).ok().and_then(|s| self.registry.view(s)) else {
             return Answer::NxDomain;
@@ -150,44 +153,46 @@ impl ZoneAnswerer {
     }
 
     /// Calls `f` with the prepared answer for `qtype` at `qname` (inside the zone), when
-    /// `qname` is a service name with records of that type. Everything else takes
-    /// [`Self::answer`].
+    /// `qname` is a service name with instances that DNS may hand out (a NODATA answer is
+    /// prepared too, without records). Everything else takes [`Self::answer`].
     pub fn prepared<R>(&self, qname: &LowerName, qtype: RecordType, f: impl FnOnce(&Prepared) -> R) -> Option<R> {
         if !matches!(qtype, RecordType::SRV | RecordType::A | RecordType::AAAA | RecordType::TXT) {
             return None;
         }
         let mut labels = qname.iter();
-        let (service, protocol) = match qname.num_labels() - self.registry.zone().origin_lower.num_labels() {
+        let (service, protocol) = match self.registry.zone().depth(qname) {
             1 => (labels.next()?, None),
             2 => (labels.next()?.strip_prefix(b"_")?, Some(labels.next()?.strip_prefix(b"_")?)),
             _ => return None,
         };
-        let now = self.registry.now();
         // Service names are single labels that cannot be `ns` or `addr` or start with `_`,
         // so a view found here is exactly a `[service]` or `[_service, _protocol]` name.
-        self.registry.with_view(std::str::from_utf8(service).ok()?, |view| {
-            let build = || {
-                let members = self.answerable(view, protocol, now);
-                let owner = Name::from(qname);
-                let earliest = earliest(&members);
-                let ttl = Lease::ttl_at(earliest, now, self.dns_ttl);
-                let zone = self.registry.zone();
-                let order = |start: usize| {
-                    let mut rotated = members.clone();
-                    rotated.rotate_left(start);
-                    match service_records(zone, &rotated, &owner, qtype, protocol.is_some(), ttl) {
-                        Answer::Records { answers, additionals } => (answers, additionals),
-                        _ => Default::default(),
-                    }
-                };
-                // Only answers with records are prepared; negative ones carry the serial.
-                let mut first = Some(order(0)).filter(|(answers, _)| !answers.is_empty());
-                first.as_ref()?;
-                let asked = Asked { owner: owner.clone(), qtype, ttl, earliest, members: members.len() };
-                Some(Prepared::encode(asked, |start| first.take().unwrap_or_else(|| order(start))))
-            };
-            view.prepared.with(qtype, protocol, now, build, f)
-        })?
+        let service = std::str::from_utf8(service).ok()?;
+        let now = self.registry.now();
+        let f = match self.registry.with_view(service, |view| view.prepared.current(qtype, protocol, now, f))? {
+            Ok(answered) => return Some(answered),
+            Err(f) => f,
+        };
+        // Built outside the map's lock, which registrations need.
+        let view = self.registry.view(service)?;
+        let prepared = Arc::new(self.prepare(&view, qname, qtype, protocol, now)?);
+        view.prepared.keep(qtype, protocol, prepared.clone());
+        Some(f(&prepared))
+    }
+
+    fn prepare(&self, view: &ServiceView, qname: &LowerName, qtype: RecordType, protocol: Option<&[u8]>, now: Nanos) -> Option<Prepared> {
+        let members = self.answerable(view, protocol, now);
+        if members.is_empty() {
+            return None;
+        }
+        let owner = Name::from(qname);
+        let earliest = earliest(&members);
+        let ttl = Lease::ttl_at(earliest, now, self.dns_ttl);
+        let (answers, additionals) = match service_records(self.registry.zone(), &members, &owner, qtype, protocol.is_some(), ttl) {
+            Answer::Records { answers, additionals } => (answers, additionals),
+            _ => Default::default(),
+        };
+        Prepared::encode(Asked { owner, qtype, ttl, earliest }, &answers, &additionals)
     }
 }
 

@@ -1,4 +1,6 @@
-//! One raw DNS message in, one reply out: the entry point the UDP workers, the TCP
+//! One raw DNS message in, one reply out: the fast path of prepared answers first, then
+//! hickory's request handling, shared by the UDP workers, the TCP listener and the fuzzer.
+//! (The UDP workers call the two halves apart, to run only the second on their runtime.)
 //! listener and the fuzzer share.
 
 use std::net::SocketAddr;
@@ -79,7 +81,8 @@ impl<'a> Question<'a> {
 }
 
 /// The fast path alone: answers `message` from prepared bytes into `out` when it can,
-/// without blocking or allocating. False means [`handle_full`] must answer it.
+/// synchronously (a miss prepares the answer first). False means [`handle_full`] must
+/// answer it.
 pub fn handle_prepared(authority: &Authority, message: &[u8], protocol: Protocol, out: &mut Vec<u8>) -> bool {
     Question::read(message).is_some_and(|question| authority.write_prepared(&question, protocol, out))
 }

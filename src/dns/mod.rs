@@ -1,5 +1,6 @@
-//! The authoritative DNS server: the service zone answered from the registry, and static
-//! zone files answered by hickory's Catalog, behind one hickory `Server`.
+//! The authoritative DNS server: the service zone answered from the registry (from answers
+//! prepared per view where it can, see [`prepared`], else through hickory's request and
+//! response types), and static zone files answered by hickory's Catalog.
 
 pub mod answer;
 mod message;
@@ -27,9 +28,17 @@ use tokio::net::TcpListener;
 use answer::{Answer, ZoneAnswerer};
 use prepared::SoaTail;
 
-/// Largest UDP response we send whatever the client advertises: hickory's UDP receive
-/// buffer, and a size that still crosses most paths unfragmented enough to be useful.
+/// Largest UDP message we read, and the largest response we send whatever the client
+/// advertises.
 pub const MAX_UDP_PAYLOAD: u16 = 4096;
+
+/// The OPT record of every EDNS response: version 0, no options, advertising what we accept
+/// (what we send is bounded by the request's buffer, see [`response_limit`]).
+fn response_edns() -> Edns {
+    let mut edns = Edns::new();
+    edns.set_max_payload(MAX_UDP_PAYLOAD).set_version(0);
+    edns
+}
 
 /// The request handler for every zone we serve; cheap to clone, so the UDP server and the
 /// TCP listener share one.
@@ -114,17 +123,17 @@ impl Authority {
             return false;
         }
         let limit = response_limit(protocol, edns.as_ref());
-        if let Some(written) = zone.prepared(&name, qtype, |p| p.write(metadata, raw, edns.is_some(), limit, out)) {
-            return written;
-        }
-        let code = match zone.answer(&name, query.name(), qtype) {
-            Answer::NxDomain => ResponseCode::NXDomain,
-            Answer::NoData => ResponseCode::NoError,
-            Answer::Records { .. } => return false,
+        let code = match zone.prepared(&name, qtype, |p| (!p.is_empty()).then(|| p.write(metadata, raw, edns.is_some(), limit, out))) {
+            Some(Some(written)) => return written,
+            Some(None) => ResponseCode::NoError,
+            None => match zone.answer(&name, query.name(), qtype) {
+                Answer::NxDomain => ResponseCode::NXDomain,
+                Answer::NoData => ResponseCode::NoError,
+                Answer::Records { .. } => return false,
+            },
         };
         let serial = zone.registry.current_serial();
-        let soa = || zone.registry.zone().soa(serial, zone.negative_ttl);
-        soa_tail.write(serial, soa, metadata, code, raw, edns.is_some(), limit, out)
+        soa_tail.write(serial, || zone.soa_at(serial), metadata, code, raw, edns.is_some(), limit, out)
     }
 }
 
@@ -133,12 +142,7 @@ impl RequestHandler for Authority {
     async fn handle_request<R: ResponseHandler, T: Time>(&self, request: &Request, response: R) -> ResponseInfo {
         let this = &self.0;
         let mut meta = Metadata::response_from_request(&request.metadata);
-        // We advertise what we accept; what we send is bounded by the request's buffer.
-        let resp_edns = request.edns.as_ref().map(|_| {
-            let mut edns = Edns::new();
-            edns.set_max_payload(MAX_UDP_PAYLOAD).set_version(0);
-            edns
-        });
+        let resp_edns = request.edns.as_ref().map(|_| response_edns());
         let mut builder = MessageResponseBuilder::from_message_request(request);
         if let Some(edns) = &resp_edns {
             builder.edns(edns);

@@ -3,12 +3,14 @@
 //! Encoding a response with hickory costs several microseconds a query (records cloned,
 //! a compression table of heap-allocated suffixes, bytes written one bounds check at a
 //! time), yet an answer only changes when its service's view does. So the first query for a
-//! (service, type) encodes the whole response with hickory, question included, in up to
-//! [`ROTATIONS`] record orders, and later queries copy one of them. What belongs to the
-//! request is written per query: the header (id, RD, CD), the question as the client wrote
-//! it, and an OPT record for EDNS clients. The question is the prepared one up to letter
-//! case, same length and same labels, so every compression pointer into it stays valid and
-//! the answers echo the client's case.
+//! (service, type) encodes each record of the answer with hickory, once, and later queries
+//! copy them. Every record is encoded after the question alone, so its names are compressed
+//! against the question and nothing else: any order of the records, and any subset of them,
+//! is a valid message. A response is the request's own header fields and question (the
+//! prepared one up to letter case, so every pointer into it stays valid and the answers
+//! echo the client's case), the answers starting at a random one (the order rotates from
+//! response to response), the additional records, and an OPT record for EDNS clients; cut,
+//! with TC, where the client's buffer ends.
 //!
 //! A prepared answer is kept in the view it was built from, so a change to the service
 //! (registration, removal, health flip, a lease moved earlier) drops it with the view.
@@ -22,23 +24,17 @@
 use std::sync::{Arc, LazyLock};
 
 use arc_swap::ArcSwapOption;
-use hickory_proto::op::{Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, Query, ResponseCode, emit_message_parts};
+use compact_str::CompactString;
+use hickory_proto::op::{Header, HeaderCounts, Metadata, Query, ResponseCode};
 use hickory_proto::rr::{Name, Record, RecordType};
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
 
-use super::MAX_UDP_PAYLOAD;
 use crate::registry::clock::{Nanos, SECOND};
 
-/// Record orders kept per answer. Each rotation starts at another instance, so that over
-/// many responses every instance comes first about equally often.
-pub const ROTATIONS: usize = 8;
-
-/// The OPT record of every EDNS response: version 0, no options, advertising what we accept.
+/// The OPT record of every EDNS response, encoded.
 static OPT: LazyLock<Vec<u8>> = LazyLock::new(|| {
-    let mut edns = Edns::new();
-    edns.set_max_payload(MAX_UDP_PAYLOAD).set_version(0);
     let mut bytes = Vec::new();
-    edns.emit(&mut BinEncoder::new(&mut bytes)).expect("an OPT record encodes");
+    super::response_edns().emit(&mut BinEncoder::new(&mut bytes)).expect("an OPT record encodes");
     bytes
 });
 
@@ -70,64 +66,58 @@ fn authoritative(request: &Metadata, code: ResponseCode) -> Metadata {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Key {
     qtype: RecordType,
-    protocol: Option<Box<str>>,
+    /// Inline: protocols are short.
+    protocol: Option<CompactString>,
 }
 
 impl Key {
     fn is(&self, qtype: RecordType, protocol: Option<&[u8]>) -> bool {
-        self.qtype == qtype && self.protocol.as_deref().map(str::as_bytes) == protocol
+        self.qtype == qtype && self.protocol.as_ref().map(|p| p.as_bytes()) == protocol
     }
 }
 
-/// One response, encoded with id 0 and the prepared question.
-#[derive(Debug)]
-struct Encoded {
-    bytes: Box<[u8]>,
-    counts: HeaderCounts,
-    truncation: bool,
+/// The bytes of `record` as it follows `query` at the start of a message: its names
+/// compressed against the question only.
+fn encode_record(query: &Query, record: &Record) -> Option<Box<[u8]>> {
+    let mut bytes = Vec::with_capacity(64);
+    let mut encoder = BinEncoder::new(&mut bytes);
+    encoder.emit_vec(&[0; 12]).ok()?;
+    query.emit(&mut encoder).ok()?;
+    let start = encoder.offset();
+    record.emit(&mut encoder).ok()?;
+    Some(bytes[start..].into())
 }
 
-impl Encoded {
-    /// `None` when even the question does not fit `max` bytes.
-    fn new(query: &Query, answers: &[Record], additionals: &[Record], max: u16) -> Option<Self> {
-        let mut bytes = Vec::with_capacity(512);
-        let mut encoder = BinEncoder::new(&mut bytes);
-        encoder.set_max_size(max);
-        let metadata = Metadata::new(0, MessageType::Response, OpCode::Query);
-        let (mut none_a, mut none_b) = (std::iter::empty::<&Record>(), std::iter::empty::<&Record>());
-        let header = if additionals.is_empty() {
-            emit_message_parts(&metadata, &mut std::iter::once(query), &mut answers.iter(), &mut none_a, &mut none_b, None, None, &mut encoder)
-        } else {
-            emit_message_parts(&metadata, &mut std::iter::once(query), &mut answers.iter(), &mut none_a, &mut additionals.iter(), None, None, &mut encoder)
-        }
-        .ok()?;
-        // A record that did not fit is rolled back by offset only; drop what it left.
-        encoder.trim();
-        Some(Self { bytes: bytes.into(), counts: header.counts, truncation: header.metadata.truncation })
+/// Whether `encoded` (from [`encode_record`]) still reads as `record` when another record
+/// comes between it and the question: its names point into the question only.
+#[cfg(debug_assertions)]
+fn position_independent(query: &Query, encoded: &[u8], record: &Record) -> bool {
+    use hickory_proto::op::{Message, MessageType, OpCode};
+    let filler = Record::from_rdata(Name::root(), 0, hickory_proto::rr::RData::A(std::net::Ipv4Addr::UNSPECIFIED.into()));
+    let mut bytes = Vec::new();
+    let mut encoder = BinEncoder::new(&mut bytes);
+    let header = Header {
+        metadata: Metadata::new(0, MessageType::Response, OpCode::Query),
+        counts: HeaderCounts { queries: 1, answers: 2, authorities: 0, additionals: 0 },
+    };
+    let written = header.emit(&mut encoder).and_then(|()| query.emit(&mut encoder)).and_then(|()| filler.emit(&mut encoder));
+    written.is_ok() && {
+        bytes.extend_from_slice(encoded);
+        Message::from_vec(&bytes).is_ok_and(|m| m.answers.get(1) == Some(record))
     }
 }
 
-/// Bytes of whole responses kept per answer: small answers get [`ROTATIONS`] orders, a large
-/// one fewer (one at 16 KiB), so that a large service costs neither much memory nor, when it
-/// changes often, much time to prepare.
-const ROTATION_BYTES: usize = 16 << 10;
-
-/// UDP budgets (buffer minus OPT record) that a response cut short is prepared for: 512
-/// without EDNS, and 512, 1232 and 4096 with it. A request gets the largest that fits its
-/// own budget.
-const UDP_BUDGETS: [usize; 4] = [512 - 11, 512, 1232 - 11, MAX_UDP_PAYLOAD as usize - 11];
-
-/// One answer, encoded.
+/// One answer, encoded. Two allocations besides itself: it is kept for every service name
+/// and type asked about.
 #[derive(Debug)]
 pub struct Prepared {
-    /// Whole responses, one per record order; empty when the answer does not fit one TCP
-    /// message: such queries take the encoding path, which cuts it.
-    rotations: Box<[Encoded]>,
-    /// For an answer larger than some UDP budgets: the response cut to each, smallest first,
-    /// from the first order, TC set: the client retries over TCP.
-    cut: Box<[Encoded]>,
-    /// Length of the question, which starts right after the 12-byte header.
-    question_len: usize,
+    /// The question as prepared (lower case), then every record: the answers, then the
+    /// additional records.
+    bytes: Box<[u8]>,
+    /// Where the question and each record end in `bytes`.
+    ends: Box<[u32]>,
+    /// How many of the records are answers.
+    answers: u32,
     /// Until when (exclusive) this is the answer: then the TTL would have to shrink below
     /// the encoded one, or an instance's lease end.
     expires: Nanos,
@@ -140,74 +130,61 @@ pub struct Asked {
     pub qtype: RecordType,
     pub ttl: u32,
     pub earliest: Nanos,
-    /// Instances answered: the orders start at each in turn.
-    pub members: usize,
 }
 
 impl Prepared {
-    /// Encodes the answer with hickory, in as many orders as [`ROTATIONS`] and
-    /// [`ROTATION_BYTES`] allow. `records(start)` gives (answers, additionals) in the order
-    /// that starts at member `start`. `owner` must be lower case: queries match it up to case.
-    pub fn encode(asked: Asked, mut records: impl FnMut(usize) -> (Vec<Record>, Vec<Record>)) -> Self {
-        let Asked { owner, qtype, ttl, earliest, members } = asked;
+    /// Encodes every record with hickory. `owner` must be lower case: queries match it up to
+    /// case. `None` when a record does not encode.
+    pub fn encode(asked: Asked, answers: &[Record], additionals: &[Record]) -> Option<Self> {
+        let Asked { owner, qtype, ttl, earliest } = asked;
         let query = Query::query(owner, qtype);
-        let question_len = query.to_bytes().map_or(0, |q| q.len());
-        let (answers, additionals) = records(0);
-        let first = Encoded::new(&query, &answers, &additionals, u16::MAX).filter(|e| !e.truncation);
-        let Some(first) = first else {
-            // Over 64 KiB: nothing to serve until the view changes.
-            return Self { rotations: Box::default(), cut: Box::default(), question_len, expires: Nanos::MAX };
-        };
-        // Cut as the encoding path cuts: the answers that fit, and only when all of them do,
-        // the additional records that fit; TC always, for something was left out.
-        let cut = UDP_BUDGETS
-            .iter()
-            .filter(|&&budget| first.bytes.len() > budget)
-            .filter_map(|&budget| {
-                let answers_only = Encoded::new(&query, &answers, &[], budget as u16)?;
-                let mut cut = match answers_only.truncation {
-                    true => answers_only,
-                    false => Encoded::new(&query, &answers, &additionals, budget as u16)?,
-                };
-                cut.truncation = true;
-                Some(cut)
-            })
-            .collect();
-        let count = members.clamp(1, ROTATIONS).min((ROTATION_BYTES / first.bytes.len()).max(1));
-        let mut rotations = Vec::with_capacity(count);
-        rotations.push(first);
-        for r in 1..count {
-            let (answers, additionals) = records(r * members / count);
-            rotations.extend(Encoded::new(&query, &answers, &additionals, u16::MAX).filter(|e| !e.truncation));
+        let mut bytes = query.to_bytes().ok()?;
+        let mut ends = vec![bytes.len() as u32];
+        for record in answers.iter().chain(additionals) {
+            let encoded = encode_record(&query, record)?;
+            #[cfg(debug_assertions)]
+            assert!(position_independent(&query, &encoded, record), "{record} compresses against more than the question");
+            bytes.extend_from_slice(&encoded);
+            ends.push(u32::try_from(bytes.len()).ok()?);
         }
         let expires = earliest.saturating_sub(ttl as Nanos * SECOND);
-        Self { rotations: rotations.into(), cut, question_len, expires }
+        Some(Self { bytes: bytes.into(), ends: ends.into(), answers: answers.len() as u32, expires })
+    }
+
+    /// Whether the name has nothing of this type: a NODATA answer, which carries the SOA.
+    pub fn is_empty(&self) -> bool {
+        self.answers == 0
     }
 
     /// Writes the response to a request with `metadata` and `question` (its raw bytes) into
-    /// `out`. False, with `out` unspecified, when this request needs the encoding path: the
-    /// question is not the prepared one up to case, or the answer is not prepared.
+    /// `out`: within `limit` bytes, the answers from a random one on (as many as fit), and
+    /// the additional records that fit once every answer does; TC when anything is left out.
+    /// False, with `out` unspecified, when the question is not the prepared one up to case.
     pub fn write(&self, metadata: &Metadata, question: &[u8], edns: bool, limit: usize, out: &mut Vec<u8>) -> bool {
-        let whole = match self.rotations.len() {
-            0 => return false,
-            1 => &self.rotations[0],
-            n => &self.rotations[fastrand::usize(..n)],
-        };
-        let budget = limit - if edns { opt_record().len() } else { 0 };
-        let fitting = if whole.bytes.len() <= budget {
-            Some(whole)
-        } else {
-            self.cut.iter().rev().find(|cut| cut.bytes.len() <= budget)
-        };
-        let Some(encoded) = fitting else { return false };
-        if question.len() != self.question_len || !question.eq_ignore_ascii_case(&encoded.bytes[12..12 + self.question_len]) {
+        let ends = &self.ends;
+        if !question.eq_ignore_ascii_case(&self.bytes[..ends[0] as usize]) {
             return false;
         }
+        let budget = limit - if edns { opt_record().len() } else { 0 };
         out.clear();
-        out.extend_from_slice(&encoded.bytes);
+        out.resize(12 + question.len(), 0);
+        // Record `i` (0-based) is `bytes[ends[i]..ends[i + 1]]`.
+        let mut take = |i: usize| {
+            let record = &self.bytes[ends[i] as usize..ends[i + 1] as usize];
+            let fits = out.len() + record.len() <= budget;
+            if fits {
+                out.extend_from_slice(record);
+            }
+            fits
+        };
+        let (n, all) = (self.answers as usize, ends.len() - 1);
+        let first = if n > 1 { fastrand::usize(..n) } else { 0 };
+        let answers = (first..n).chain(0..first).take_while(|&i| take(i)).count();
+        let additionals = if answers == n { (n..all).take_while(|&i| take(i)).count() } else { 0 };
         let mut response = authoritative(metadata, ResponseCode::NoError);
-        response.truncation = encoded.truncation;
-        finish(out, response, encoded.counts, question, edns)
+        response.truncation = answers + additionals < all;
+        let counts = HeaderCounts { queries: 1, answers: answers as u16, authorities: 0, additionals: additionals as u16 };
+        finish(out, response, counts, question, edns)
     }
 }
 
@@ -217,25 +194,18 @@ impl Prepared {
 pub struct PreparedAnswers(ArcSwapOption<Vec<(Key, Arc<Prepared>)>>);
 
 impl PreparedAnswers {
-    /// Calls `f` with the prepared answer for `qtype` (and `protocol`) if it has not expired
-    /// at `now`, else with `build()`'s, which is kept for the next queries. `None` when
-    /// `build` has nothing to prepare.
-    pub fn with<R>(
-        &self,
-        qtype: RecordType,
-        protocol: Option<&[u8]>,
-        now: Nanos,
-        build: impl FnOnce() -> Option<Prepared>,
-        f: impl FnOnce(&Prepared) -> R,
-    ) -> Option<R> {
-        {
-            let answers = self.0.load();
-            let found = answers.as_deref().and_then(|a| a.iter().find(|(key, _)| key.is(qtype, protocol)));
-            if let Some((_, prepared)) = found.filter(|(_, p)| now < p.expires) {
-                return Some(f(prepared));
-            }
+    /// `f` on the prepared answer for `qtype` (and `protocol`) if one has not expired at
+    /// `now`; `f` back if not.
+    pub fn current<R, F: FnOnce(&Prepared) -> R>(&self, qtype: RecordType, protocol: Option<&[u8]>, now: Nanos, f: F) -> Result<R, F> {
+        let answers = self.0.load();
+        match answers.as_deref().and_then(|a| a.iter().find(|(key, _)| key.is(qtype, protocol))) {
+            Some((_, prepared)) if now < prepared.expires => Ok(f(prepared)),
+            _ => Err(f),
         }
-        let prepared = Arc::new(build()?);
+    }
+
+    /// Keeps `prepared` for the next queries, in place of any older one.
+    pub fn keep(&self, qtype: RecordType, protocol: Option<&[u8]>, prepared: Arc<Prepared>) {
         let key = Key { qtype, protocol: protocol.map(|p| String::from_utf8_lossy(p).into()) };
         self.0.rcu(|answers| {
             let mut answers: Vec<_> = answers.as_deref().cloned().unwrap_or_default();
@@ -245,7 +215,6 @@ impl PreparedAnswers {
             }
             Some(Arc::new(answers))
         });
-        Some(f(&prepared))
     }
 }
 

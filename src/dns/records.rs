@@ -32,13 +32,17 @@ impl ZoneNames {
             return Err("the service zone cannot be the root".into());
         }
         let child = |label: &str| Name::from_str(label).and_then(|l| l.append_domain(&origin)).map_err(|e| e.to_string());
-        Ok(Self {
-            origin_lower: LowerName::new(&origin),
-            addr: child("addr")?,
-            ns: child("ns")?,
-            hostmaster: child("hostmaster")?,
-            origin,
-        })
+        let addr = child("addr")?;
+        // The longest name the zone serves: an IPv6 target's <32 hex digits>.addr.<origin>.
+        Label::from_raw_bytes(&[b'0'; 32]).and_then(|l| addr.prepend_label(l)).map_err(|_| {
+            format!("{domain:?} is too long: <32 hex digits>.addr.{domain} would exceed 255 bytes; choose a shorter --domain")
+        })?;
+        Ok(Self { origin_lower: LowerName::new(&origin), addr, ns: child("ns")?, hostmaster: child("hostmaster")?, origin })
+    }
+
+    /// How many labels `name` (inside the zone) has below the origin; a `*` label counts.
+    pub fn depth(&self, name: &LowerName) -> usize {
+        name.iter().len() - self.origin_lower.iter().len()
     }
 
     /// `<hex>.addr.<origin>`: IPv4 as 8 hex digits, IPv6 as 32. Built from the label's bytes
@@ -165,5 +169,21 @@ impl InstanceRecords {
     pub fn txt(&self, id: &str) -> RData {
         let entries = std::iter::once(format!("id={id}")).chain(self.metadata.iter().map(|(k, v)| format!("{k}={v}")));
         RData::TXT(TXT::new(txt_strings(entries)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zone_too_long_for_ipv6_target_names_is_refused() {
+        let long = format!("{}.koder", ["a".repeat(60), "b".repeat(60), "c".repeat(60), "d".repeat(30)].join("."));
+        let error = ZoneNames::new(&long).unwrap_err();
+        assert!(error.contains("too long") && error.contains("--domain"), "{error}");
+        let zone = ZoneNames::new("service.koder").unwrap();
+        let v6 = zone.addr_name("2001:db8::1".parse().unwrap());
+        assert_eq!(v6.to_string(), "20010db8000000000000000000000001.addr.service.koder.");
+        assert_eq!(zone.addr_name("10.0.0.1".parse().unwrap()).to_string(), "0a000001.addr.service.koder.");
     }
 }

@@ -17,7 +17,6 @@ compile_error!("koder-dns serves DNS over UDP with recvmmsg/sendmmsg, which need
 use std::io;
 use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, RawFd};
-
 use std::time::Duration;
 
 use hickory_server::net::xfer::Protocol;
@@ -26,8 +25,8 @@ use tracing::debug;
 
 use super::{Authority, handle_full, handle_prepared};
 
-/// Largest datagram we read; hickory's UDP server reads the same.
-const RECV_BUFFER: usize = 4096;
+/// Largest datagram we read.
+const RECV_BUFFER: usize = super::MAX_UDP_PAYLOAD as usize;
 /// Datagrams taken per `recvmmsg`.
 const BATCH: usize = 32;
 /// How often a worker waiting for queries looks whether the server is shutting down.
@@ -43,11 +42,13 @@ fn answerable(src: SocketAddr) -> bool {
         }
 }
 
-/// The buffers of one batch: datagrams in, their sources, and the replies out. Boxed, so
-/// the receive headers can point into it for its whole life.
+/// The buffers of one batch: datagrams in, their sources, and the replies out.
 struct Batch {
     datagrams: Vec<u8>,
+    lens: [usize; BATCH],
     sources: [libc::sockaddr_storage; BATCH],
+    source_lens: [libc::socklen_t; BATCH],
+    /// The system call's own headers; their pointers are set for every call.
     iovecs: [libc::iovec; BATCH],
     headers: [libc::mmsghdr; BATCH],
     replies: Vec<Vec<u8>>,
@@ -58,44 +59,51 @@ struct Batch {
 impl Batch {
     fn new() -> Box<Self> {
         // SAFETY: all zeros is a valid sockaddr_storage, iovec and mmsghdr.
-        let mut batch = Box::new(Self {
+        Box::new(Self {
             datagrams: vec![0; BATCH * RECV_BUFFER],
+            lens: [0; BATCH],
             sources: unsafe { std::mem::zeroed() },
+            source_lens: [0; BATCH],
             iovecs: unsafe { std::mem::zeroed() },
             headers: unsafe { std::mem::zeroed() },
             replies: (0..BATCH).map(|_| Vec::with_capacity(512)).collect(),
             outgoing: Vec::with_capacity(BATCH),
-        });
-        let Self { datagrams, sources, iovecs, headers, .. } = &mut *batch;
-        for i in 0..BATCH {
-            iovecs[i].iov_base = datagrams[i * RECV_BUFFER..].as_mut_ptr().cast();
-            iovecs[i].iov_len = RECV_BUFFER;
-            headers[i].msg_hdr.msg_iov = &mut iovecs[i];
-            headers[i].msg_hdr.msg_iovlen = 1;
-            headers[i].msg_hdr.msg_name = (&mut sources[i] as *mut libc::sockaddr_storage).cast();
-        }
-        batch
+        })
     }
 
     /// Waits for datagrams on `fd` (at most the socket's read timeout), then takes those
     /// queued, up to [`BATCH`].
     fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
-        for header in &mut self.headers {
+        let Self { datagrams, sources, iovecs, headers, .. } = self;
+        for (i, ((iov, header), source)) in iovecs.iter_mut().zip(headers.iter_mut()).zip(sources.iter_mut()).enumerate() {
+            iov.iov_base = datagrams[i * RECV_BUFFER..].as_mut_ptr().cast();
+            iov.iov_len = RECV_BUFFER;
+            header.msg_hdr.msg_iov = iov;
+            header.msg_hdr.msg_iovlen = 1;
+            header.msg_hdr.msg_name = (source as *mut libc::sockaddr_storage).cast();
             header.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         }
-        // SAFETY: the headers point at buffers and source slots of this boxed batch, which
-        // is exclusively borrowed for the call.
-        let n = unsafe { libc::recvmmsg(fd, self.headers.as_mut_ptr(), BATCH as libc::c_uint, libc::MSG_WAITFORONE, std::ptr::null_mut()) };
-        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+        // SAFETY: each header points at its own buffer and source slot in this batch, all
+        // exclusively borrowed for the call.
+        let n = unsafe { libc::recvmmsg(fd, headers.as_mut_ptr(), BATCH as libc::c_uint, libc::MSG_WAITFORONE, std::ptr::null_mut()) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        for (i, header) in self.headers[..n].iter().enumerate() {
+            self.lens[i] = header.msg_len as usize;
+            self.source_lens[i] = header.msg_hdr.msg_namelen;
+        }
+        Ok(n)
     }
 
     fn datagram(&self, i: usize) -> &[u8] {
-        &self.datagrams[i * RECV_BUFFER..i * RECV_BUFFER + self.headers[i].msg_len as usize]
+        &self.datagrams[i * RECV_BUFFER..i * RECV_BUFFER + self.lens[i]]
     }
 
     fn source(&self, i: usize) -> Option<SocketAddr> {
         let storage = &self.sources[i];
-        let len = self.headers[i].msg_hdr.msg_namelen as usize;
+        let len = self.source_lens[i] as usize;
         // SAFETY: the kernel wrote an address of family `ss_family` and length `len`;
         // sockaddr_storage is large and aligned enough for either.
         match storage.ss_family as libc::c_int {
@@ -105,8 +113,8 @@ impl Batch {
             }
             libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
                 let a = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
-                let ip = a.sin6_addr.s6_addr.into();
-                Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(a.sin6_port), a.sin6_flowinfo, a.sin6_scope_id)))
+                let (ip, port, flow) = (a.sin6_addr.s6_addr.into(), u16::from_be(a.sin6_port), u32::from_be(a.sin6_flowinfo));
+                Some(SocketAddr::V6(SocketAddrV6::new(ip, port, flow, a.sin6_scope_id)))
             }
             _ => None,
         }
@@ -115,30 +123,30 @@ impl Batch {
     /// Sends the replies of `outgoing[from..]`, each to the source of its query; returns
     /// how many went. An error means none did.
     fn send(&mut self, fd: RawFd, from: usize) -> io::Result<usize> {
-        let slots = &self.outgoing[from..];
-        // SAFETY: all zeros is a valid iovec and mmsghdr.
-        let mut iovecs: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };
-        let mut headers: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+        let Self { sources, source_lens, iovecs, headers, replies, outgoing, .. } = self;
+        let slots = &outgoing[from..];
         for ((&slot, iov), header) in slots.iter().zip(iovecs.iter_mut()).zip(headers.iter_mut()) {
-            iov.iov_base = self.replies[slot].as_mut_ptr().cast();
-            iov.iov_len = self.replies[slot].len();
+            iov.iov_base = replies[slot].as_mut_ptr().cast();
+            iov.iov_len = replies[slot].len();
             header.msg_hdr.msg_iov = iov;
             header.msg_hdr.msg_iovlen = 1;
-            header.msg_hdr.msg_name = (&mut self.sources[slot] as *mut libc::sockaddr_storage).cast();
-            header.msg_hdr.msg_namelen = self.headers[slot].msg_hdr.msg_namelen;
+            header.msg_hdr.msg_name = (&mut sources[slot] as *mut libc::sockaddr_storage).cast();
+            header.msg_hdr.msg_namelen = source_lens[slot];
         }
-        // SAFETY: the headers point at replies and addresses that outlive the call, which
-        // only reads them.
+        // SAFETY: the first `slots.len()` headers point at replies and addresses of this
+        // batch, exclusively borrowed for the call, which only reads them.
         let n = unsafe { libc::sendmmsg(fd, headers.as_mut_ptr(), slots.len() as libc::c_uint, 0) };
         if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
     }
 }
 
-/// One worker: answers until `shutdown`. The socket is blocking with a read timeout, so the
-/// worker sleeps in `recvmmsg` and still notices a shutdown within [`SHUTDOWN_POLL`].
-fn serve(socket: std::net::UdpSocket, authority: Authority, runtime: tokio::runtime::Runtime, shutdown: CancellationToken) -> io::Result<()> {
+/// One worker: answers until `shutdown`. The socket is blocking with timeouts, so the
+/// worker sleeps in `recvmmsg` yet notices a shutdown within [`SHUTDOWN_POLL`], and a full
+/// send buffer costs a reply, not the worker.
+fn serve(socket: &std::net::UdpSocket, authority: &Authority, runtime: &tokio::runtime::Runtime, shutdown: &CancellationToken) -> io::Result<()> {
     socket.set_nonblocking(false)?;
     socket.set_read_timeout(Some(SHUTDOWN_POLL))?;
+    socket.set_write_timeout(Some(SHUTDOWN_POLL))?;
     let fd = socket.as_raw_fd();
     let mut batch = Batch::new();
     while !shutdown.is_cancelled() {
@@ -146,7 +154,9 @@ fn serve(socket: std::net::UdpSocket, authority: Authority, runtime: tokio::runt
             Ok(n) => n,
             Err(error) if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => continue,
             Err(error) => {
+                // Not a query's fault; do not spin on it.
                 debug!(%error, "DNS UDP receive failed");
+                std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
         };
@@ -155,8 +165,8 @@ fn serve(socket: std::net::UdpSocket, authority: Authority, runtime: tokio::runt
             let Some(src) = batch.source(i).filter(|&src| answerable(src)) else { continue };
             let mut reply = std::mem::take(&mut batch.replies[i]);
             let query = batch.datagram(i);
-            if handle_prepared(&authority, query, Protocol::Udp, &mut reply)
-                || runtime.block_on(handle_full(&authority, query, src, Protocol::Udp, &mut reply))
+            if handle_prepared(authority, query, Protocol::Udp, &mut reply)
+                || runtime.block_on(handle_full(authority, query, src, Protocol::Udp, &mut reply))
             {
                 batch.outgoing.push(i);
             }
@@ -189,8 +199,17 @@ pub fn spawn(sockets: Vec<std::net::UdpSocket>, authority: Authority, shutdown: 
         let (finished, finished_rx) = tokio::sync::oneshot::channel::<()>();
         done.push(finished_rx);
         std::thread::Builder::new().name(format!("koder-dns-udp-{i}")).spawn(move || {
-            if let Err(error) = serve(socket, authority, runtime, shutdown) {
-                tracing::error!(%error, "cannot use a DNS UDP socket");
+            // A panic answering a query (a bug) must not leave the socket unserved.
+            loop {
+                let run = std::panic::AssertUnwindSafe(|| serve(&socket, &authority, &runtime, &shutdown));
+                match std::panic::catch_unwind(run) {
+                    Ok(Ok(())) => break,
+                    Ok(Err(error)) => {
+                        tracing::error!(%error, "cannot use a DNS UDP socket");
+                        break;
+                    }
+                    Err(_) => tracing::error!("a DNS UDP worker panicked; it goes on with a fresh batch"),
+                }
             }
             drop(finished);
         })?;

@@ -19,8 +19,11 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> Nanos {
         // Read on every DNS query, so straight from SystemTime rather than through a calendar date.
-        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("system clock is after 1970");
-        i64::try_from(since_epoch.as_nanos()).expect("system clock is before 2262")
+        let nanos = |d: std::time::Duration| i64::try_from(d.as_nanos()).expect("system clock is within 1677..2262");
+        match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            Ok(after) => nanos(after),
+            Err(before) => -nanos(before.duration()),
+        }
     }
 }
 

@@ -85,11 +85,15 @@ impl LeaseIndex {
         }
     }
 
-    /// Takes every entry due at `now` out of the index.
-    pub fn take_due(&self, now: Nanos) -> Vec<Arc<str>> {
+    /// Takes every entry due at `now` out of the index. `on_due` runs first if there are
+    /// any, before readers of [`Self::any_due`] can see them gone.
+    pub fn take_due(&self, now: Nanos, on_due: impl FnOnce()) -> Vec<Arc<str>> {
         let mut set = self.set.lock();
         let rest = set.split_off(&(now.saturating_add(1), Arc::from("")));
         let due = std::mem::replace(&mut *set, rest);
+        if !due.is_empty() {
+            on_due();
+        }
         self.update_earliest(&set);
         due.into_iter().map(|(_, id)| id).collect()
     }

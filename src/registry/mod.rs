@@ -1,8 +1,10 @@
 //! The registry: every instance, its lease, and the per-service views DNS answers from.
 //!
 //! One process-wide structure shared by the REST API, the DNS authority, the reaper and the
-//! health checker. Lock order is always instance entry → service view → lease index, and no
-//! lock is held across an await, so none of them can block another for long.
+//! health checker. Lock order is always instance entry → protocols index → service view →
+//! lease index (a `protocols` entry is read while views are looked up, never the other way),
+//! no lock is held across an await, and DNS holds a view's map entry only to read it (see
+//! [`Registry::with_view`]), so none of them can block another for long.
 
 pub mod clock;
 pub mod disk;
@@ -436,15 +438,11 @@ impl Registry {
     /// instances that are due, found through the lease index.
     pub fn reap(&self) -> usize {
         let now = self.clock.now();
-        if !self.leases.any_due(now) {
-            return 0;
-        }
+        let mut removed = 0;
         // The serial moves before the due leases leave the index: a reader that no longer
         // finds them due (see `current_serial`) must already see the serial of the zone
         // without them, even while this sweep is still removing them.
-        self.bump();
-        let mut removed = 0;
-        for id in self.leases.take_due(now) {
+        for id in self.leases.take_due(now, || self.bump()) {
             // A heartbeat may have renewed the lease since it was taken from the index; the
             // check under the entry's lock settles the race.
             if let Some((id, entry)) = self.instances.remove_if(&id, |_, e| !e.lease.alive(now)) {
@@ -546,7 +544,8 @@ impl Registry {
 
     /// Calls `f` with the DNS view of one service, without taking a reference to it: what
     /// every DNS query does, so it saves two atomic read-modify-writes on a shared counter.
-    /// `f` runs under the map's read lock and must not use the registry's maps.
+    /// `f` runs under the map's read lock, which registrations of the service wait for: it
+    /// must be short and must not use the registry's maps.
     pub fn with_view<R>(&self, service: &str, f: impl FnOnce(&ServiceView) -> R) -> Option<R> {
         self.services.get(service).map(|view| f(&view))
     }

@@ -1,6 +1,7 @@
-//! The read-only view DNS answers from: per service, the instances with their records
-//! prebuilt. Mutations replace a service's view (copy on write); queries clone one `Arc`
-//! and never touch the instance map, so answer cost follows the size of the asked service.
+//! The read-only view DNS answers from: per service, the instances with what DNS needs of
+//! them, and the answers prepared from them. Mutations replace a service's view (copy on
+//! write); queries read one view and never touch the instance map, so answer cost follows
+//! the size of the asked service.
 
 use std::sync::Arc;
 
