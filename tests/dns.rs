@@ -1157,6 +1157,9 @@ async fn malformed_packets_never_crash_the_server() {
         ("question without type/class".into(), [header(0x1238, 0x0100, 1, 0, 0, 0), question[..question.len() - 4].to_vec()].concat()),
         ("label longer than the packet".into(), [header(0x1239, 0x0100, 1, 0, 0, 0), vec![63, b'a', b'b']].concat()),
         ("compression pointer loop".into(), [header(0x123a, 0x0100, 1, 0, 0, 0), vec![0xc0, 12, 0, 1, 0, 1]].concat()),
+        // Found by the fuzzer: a name that ends in a pointer into the header (which reads
+        // as a label there) used to be echoed as sent, pointing into the reply's header.
+        ("question pointing into the header".into(), [header(0x0005, 0x0100, 1, 0, 0, 0), b"\x08\x07service\xc0\x02\x00\x00\x01\x00\x01".to_vec()].concat()),
         ("forward pointer".into(), [header(0x123b, 0x0100, 1, 0, 0, 0), vec![0xc0, 0xff, 0, 1, 0, 1]].concat()),
         ("bad label type".into(), [header(0x123c, 0x0100, 1, 0, 0, 0), vec![0x80, 1, 2, 0, 0, 1, 0, 1]].concat()),
         ("bogus OPT".into(), [header(0x123d, 0x0100, 1, 0, 0, 1), question.clone(), vec![0, 0, 41, 2, 0, 0, 0, 0, 0, 0, 50, 1]].concat()),

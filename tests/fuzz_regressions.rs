@@ -45,3 +45,35 @@ fn rest_register_regressions() {
         assert!(registry.view(&registered.instance.name).is_some(), "{file}");
     }
 }
+
+#[test]
+fn dns_request_regressions() {
+    use hickory_proto::op::{Message, MessageType};
+    use hickory_server::net::xfer::Protocol;
+    use hickory_server::zone_handler::Catalog;
+    use koder_dns::dns::answer::ZoneAnswerer;
+    use koder_dns::dns::{Authority, handle_bytes};
+
+    let cases = inputs("dns_request");
+    assert!(!cases.is_empty(), "fuzz/regressions/dns_request holds the inputs that found bugs");
+    let settings =
+        Settings { default_ttl: 0, max_instances: 100, default_check: CheckKind::None, zone: ZoneNames::new("service.koder").unwrap() };
+    let registry = Arc::new(Registry::new(settings, Arc::new(ManualClock::new(1_800_000_000_000_000_000))));
+    for (id, address) in [("voice-1", "10.0.0.1"), ("voice-6", "2001:db8::6")] {
+        let spec = Registration { id: Some(id.into()), name: Some("voice".into()), address: Some(address.into()), port: Some(5060), ..Default::default() };
+        registry.register(spec.validate().unwrap()).unwrap();
+    }
+    let answerer = ZoneAnswerer { registry, dns_ttl: 5, negative_ttl: 5, ns_address: "127.0.0.1".parse().unwrap() };
+    let authority = Authority::new(answerer, Catalog::new());
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    for (file, bytes) in cases {
+        for protocol in [Protocol::Udp, Protocol::Tcp] {
+            let mut reply = Vec::new();
+            if runtime.block_on(handle_bytes(&authority, &bytes, "127.0.0.1:40000".parse().unwrap(), protocol, &mut reply)) {
+                let message = Message::from_vec(&reply).unwrap_or_else(|e| panic!("{file} over {protocol:?}: the reply does not decode: {e}"));
+                assert_eq!(message.metadata.message_type, MessageType::Response, "{file}");
+                assert_eq!(message.metadata.id.to_be_bytes(), bytes[..2], "{file}: reply id");
+            }
+        }
+    }
+}

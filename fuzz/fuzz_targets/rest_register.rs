@@ -82,7 +82,7 @@ fuzz_target!(|data: &[u8]| {
     // Listed, everywhere it should be.
     let all = registry.list(&Filter::default());
     assert_eq!(all, vec![instance.clone()], "the registered instance is the only one listed");
-    let by_name = registry.list(&Filter { name: Some(spec.name.clone()), healthy_only: false });
+    let by_name = registry.list(&Filter { name: Some(spec.name.to_string()), healthy_only: false });
     assert_eq!(by_name, all);
     let healthy = registry.list(&Filter { name: None, healthy_only: true });
     assert_eq!(healthy.len(), spec.healthy as usize);

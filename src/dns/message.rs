@@ -72,12 +72,23 @@ impl<'a> Question<'a> {
         let start = decoder.index();
         let query = Query::read(&mut decoder).ok()?;
         let raw = &message[start..decoder.index()];
+        if raw.len() != written_out(query.name().iter()) + 4 {
+            return None;
+        }
         let edns = match counts.additionals {
             0 => None,
             _ => Some(Record::read(&mut decoder).ok().filter(|r| r.record_type() == RecordType::OPT).map(|r| Edns::from(&r))?),
         };
         Some(Self { metadata, query, raw, edns })
     }
+}
+
+/// The length of a name of `labels` written out, without compression pointers. A question
+/// with a pointer can only point back into the header; echoed as sent (as hickory echoes
+/// it, to keep the client's letter case) it would point into our reply's header instead, so
+/// such a question gets FORMERR.
+fn written_out<'a>(labels: impl Iterator<Item = &'a [u8]>) -> usize {
+    labels.map(|label| label.len() + 1).sum::<usize>() + 1
 }
 
 /// The fast path alone: answers `message` from prepared bytes into `out` when it can,
@@ -98,8 +109,18 @@ pub async fn handle_bytes(authority: &Authority, message: &[u8], src: SocketAddr
 /// hickory's handler types.
 pub async fn handle_full(authority: &Authority, message: &[u8], src: SocketAddr, protocol: Protocol, out: &mut Vec<u8>) -> bool {
     let [a, b, ..] = *message else { return false };
+    let formerr = |out: &mut Vec<u8>| match Message::error_msg(u16::from_be_bytes([a, b]), OpCode::Query, ResponseCode::FormErr).to_vec() {
+        Ok(bytes) => {
+            *out = bytes;
+            true
+        }
+        Err(_) => false,
+    };
     match Request::from_bytes(message.to_vec(), src, protocol) {
         Ok(request) if request.metadata.message_type == MessageType::Response => false,
+        Ok(request) if request.queries.as_bytes().len() != request.queries.queries().iter().map(|q| written_out(q.name().iter()) + 4).sum::<usize>() => {
+            formerr(out)
+        }
         Ok(request) => {
             let limit = response_limit(request.protocol(), request.edns.as_ref()) as u16;
             let reply = Reply { limit, bytes: Arc::default() };
@@ -108,12 +129,6 @@ pub async fn handle_full(authority: &Authority, message: &[u8], src: SocketAddr,
             *out = bytes;
             true
         }
-        Err(_) => match Message::error_msg(u16::from_be_bytes([a, b]), OpCode::Query, ResponseCode::FormErr).to_vec() {
-            Ok(bytes) => {
-                *out = bytes;
-                true
-            }
-            Err(_) => false,
-        },
+        Err(_) => formerr(out),
     }
 }
