@@ -20,7 +20,10 @@
 #   CLIENTS=8 OUTSTANDING=200 DNSPERF_THREADS=1   dnsperf -c, -q, -T
 #   DNSPERF_MODE=udp  (or tcp)
 #   DNSPERF_TIMEOUT=2 dnsperf -t: a query unanswered this long counts as lost
-#   PEERS="nsd knot"  which peers to run (subset allowed, or empty)
+#   PEERS="nsd knot"  which peers to run (subset allowed, or empty); add "hickory" for
+#                     hickory-server's own Server with a handler that does nothing
+#                     (benches/hickory_ceiling.rs): the framework's ceiling, not a peer
+#                     in the ratio, and not in the answer check
 #   NSD_MINIMAL=no    NSD minimal-responses (no = NSD default: adds NS + glue)
 #   KODER_DNS_BIN     koder-dns binary (default: cargo build --release in the repo)
 #   SKIP_BUILD=1      do not run cargo build
@@ -65,8 +68,8 @@ SERVERS=(koder)
 [[ $FILL_SERVICES -gt 0 ]] && SERVERS+=(koderfill)
 for p in $PEERS; do
     case "$p" in
-        nsd | knot) SERVERS+=("$p") ;;
-        *) die "unknown peer '$p' (nsd, knot)" ;;
+        nsd | knot | hickory) SERVERS+=("$p") ;;
+        *) die "unknown peer '$p' (nsd, knot, hickory)" ;;
     esac
 done
 
@@ -89,14 +92,22 @@ fi
 
 for p in $PEERS; do
     PORT[$p]="$(free_port)"
-    if [[ $p == nsd ]]; then
-        start_nsd "${PORT[nsd]}" "$IN/$DOMAIN.zone" "$DOMAIN"
-        PID[nsd]="$NSD_PID"
-    else
-        start_knot "${PORT[knot]}" "$IN/$DOMAIN.zone" "$DOMAIN"
-        PID[knot]="$KNOT_PID"
-    fi
+    case "$p" in
+        nsd)
+            start_nsd "${PORT[nsd]}" "$IN/$DOMAIN.zone" "$DOMAIN"
+            PID[nsd]="$NSD_PID"
+            ;;
+        knot)
+            start_knot "${PORT[knot]}" "$IN/$DOMAIN.zone" "$DOMAIN"
+            PID[knot]="$KNOT_PID"
+            ;;
+        hickory)
+            start_hickory_ceiling "${PORT[hickory]}"
+            PID[hickory]="$HICKORY_PID"
+            ;;
+    esac
 done
+ANSWERING_PEERS="${PEERS//hickory/}"
 
 # ---- same answers? (sorted answer + additional sections, TTLs dropped; the
 # ns.<domain> glue that NSD adds without minimal-responses is ignored)
@@ -115,7 +126,7 @@ canon() {
 }
 canon "${PORT[koder]}" >"$BENCH_TMP/answers.koder"
 MISMATCH=0
-for p in ${PORT[koderfill]:+koderfill} $PEERS; do
+for p in ${PORT[koderfill]:+koderfill} $ANSWERING_PEERS; do
     canon "${PORT[$p]}" >"$BENCH_TMP/answers.$p"
     if ! diff -u "$BENCH_TMP/answers.$p" "$BENCH_TMP/answers.koder" >"$BENCH_TMP/answers.diff.$p"; then
         MISMATCH=1
@@ -123,7 +134,7 @@ for p in ${PORT[koderfill]:+koderfill} $PEERS; do
         grep '^[-+]=' "$BENCH_TMP/answers.diff.$p" | cut -c1-300 >&2
     fi
 done
-[[ $MISMATCH == 0 ]] && log "answer check: koder-dns returns the same records as: ${PORT[koderfill]:+koder-dns+fill }${PEERS:-(no peers)}"
+[[ $MISMATCH == 0 ]] && log "answer check: koder-dns returns the same records as: ${PORT[koderfill]:+koder-dns+fill }${ANSWERING_PEERS:-(no peers)}"
 
 # ---- dnsperf runs
 # run_dnsperf SERVER SECONDS OUTFILE  (also records server CPU ticks)
@@ -179,7 +190,7 @@ python3 - "$RESULTS" "$TCK" "$DURATION" <<'EOF'
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 tck, dur = float(sys.argv[2]), float(sys.argv[3])
-names = {"koder": "koder-dns", "koderfill": "koder+fill", "nsd": "NSD", "knot": "Knot DNS"}
+names = {"koder": "koder-dns", "koderfill": "koder+fill", "nsd": "NSD", "knot": "Knot DNS", "hickory": "hickory*"}
 by = {}
 for s, r, qps, lat, sent, lost, rsize, nx, ticks, drops in rows:
     by.setdefault(s, []).append(dict(qps=float(qps), lat=float(lat), sent=int(sent), lost=int(lost),
@@ -189,7 +200,7 @@ print()
 print(hdr)
 print("-" * len(hdr))
 med = {}
-for s in ["koder", "koderfill", "nsd", "knot"]:
+for s in ["koder", "koderfill", "nsd", "knot", "hickory"]:
     if s not in by:
         continue
     rs = by[s]
@@ -209,6 +220,9 @@ if peers and "koder" in med:
     print(f"ratio koder-dns / fastest peer ({names[best]}): {med['koder'] / peers[best]:.2f}  (median QPS)")
 if "koderfill" in med:
     print(f"ratio koder-dns+fill / koder-dns: {med['koderfill'] / med['koder']:.2f}  (median QPS)")
+if "hickory" in med:
+    print(f"hickory* = hickory-server's Server with a handler that answers nothing (every query: empty NOERROR),"
+          f" the framework's ceiling; koder-dns / hickory*: {med['koder'] / med['hickory']:.2f}")
 EOF
 echo
 echo "query mix: $QUERY_MIX over $((SERVICES * INSTANCES)) instances in $SERVICES services;" \
