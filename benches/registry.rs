@@ -65,12 +65,19 @@ fn bench(c: &mut Criterion) {
                 criterion::BatchSize::SmallInput,
             )
         });
+        // A new id each time; the one registered WINDOW times before is removed (unmeasured),
+        // so the registry stays at `total` + WINDOW however many iterations criterion runs.
+        const WINDOW: usize = 1000;
+        let fresh_spec = |k: usize| spec(1_000_000 + k / 5, k % 5);
         let mut fresh = 0;
         group.bench_function(BenchmarkId::new("register_new", total), |b| {
             b.iter_batched(
                 || {
                     fresh += 1;
-                    spec(1_000_000 + fresh / 5, fresh % 5)
+                    if fresh > WINDOW {
+                        registry.deregister(&fresh_spec(fresh - WINDOW).id);
+                    }
+                    fresh_spec(fresh)
                 },
                 |s| registry.register(s).unwrap(),
                 criterion::BatchSize::SmallInput,
