@@ -1,7 +1,6 @@
 //! One raw DNS message in, one reply out: the fast path of prepared answers first, then
 //! hickory's request handling, shared by the UDP workers, the TCP listener and the fuzzer.
 //! (The UDP workers call the two halves apart, to run only the second on their runtime.)
-//! listener and the fuzzer share.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -179,7 +179,7 @@ impl RequestHandler for Authority {
             }
         };
         let limit = response_limit(request.protocol(), request.edns.as_ref());
-        let opt = if resp_edns.is_some() { prepared::opt_record().len() } else { 0 };
+        let opt = prepared::opt_len(resp_edns.is_some());
         let soa_slice = soa.as_slice();
         let (n_answers, n_additionals) = fit(request, &answers, soa_slice, &additionals, limit, opt);
         // Whatever does not fit is announced with TC, never dropped silently: the client

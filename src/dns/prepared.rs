@@ -38,9 +38,9 @@ static OPT: LazyLock<Vec<u8>> = LazyLock::new(|| {
     bytes
 });
 
-/// The OPT record every EDNS response carries.
-pub fn opt_record() -> &'static [u8] {
-    &OPT
+/// The bytes the OPT record adds to a response: its length for EDNS requests, else none.
+pub fn opt_len(edns: bool) -> usize {
+    if edns { OPT.len() } else { 0 }
 }
 
 /// `out` holds a response with room for the header and the question at its start: writes
@@ -51,7 +51,7 @@ fn finish(out: &mut Vec<u8>, metadata: Metadata, mut counts: HeaderCounts, quest
     let mut encoder = BinEncoder::new(out);
     let written = Header { metadata, counts }.emit(&mut encoder).and_then(|()| encoder.emit_vec(question));
     encoder.set_offset(end);
-    written.and_then(|()| if edns { encoder.emit_vec(opt_record()) } else { Ok(()) }).is_ok()
+    written.and_then(|()| if edns { encoder.emit_vec(&OPT) } else { Ok(()) }).is_ok()
 }
 
 /// The header of an authoritative response to a request with `request` metadata.
@@ -165,7 +165,7 @@ impl Prepared {
         if !question.eq_ignore_ascii_case(&self.bytes[..ends[0] as usize]) {
             return false;
         }
-        let budget = limit - if edns { opt_record().len() } else { 0 };
+        let budget = limit - opt_len(edns);
         out.clear();
         out.resize(12 + question.len(), 0);
         // Record `i` (0-based) is `bytes[ends[i]..ends[i + 1]]`.
@@ -256,8 +256,7 @@ impl SoaTail {
                 &fresh.1
             }
         };
-        let opt = if edns { opt_record().len() } else { 0 };
-        if 12 + question.len() + tail.len() + opt > limit {
+        if 12 + question.len() + tail.len() + opt_len(edns) > limit {
             return false;
         }
         out.clear();

@@ -76,12 +76,8 @@ impl Batch {
     fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
         let Self { datagrams, sources, iovecs, headers, .. } = self;
         for (i, ((iov, header), source)) in iovecs.iter_mut().zip(headers.iter_mut()).zip(sources.iter_mut()).enumerate() {
-            iov.iov_base = datagrams[i * RECV_BUFFER..].as_mut_ptr().cast();
-            iov.iov_len = RECV_BUFFER;
-            header.msg_hdr.msg_iov = iov;
-            header.msg_hdr.msg_iovlen = 1;
-            header.msg_hdr.msg_name = (source as *mut libc::sockaddr_storage).cast();
-            header.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            let slot = &mut datagrams[i * RECV_BUFFER..(i + 1) * RECV_BUFFER];
+            aim(header, iov, slot, source, size_of::<libc::sockaddr_storage>() as libc::socklen_t);
         }
         // SAFETY: each header points at its own buffer and source slot in this batch, all
         // exclusively borrowed for the call.
@@ -126,18 +122,24 @@ impl Batch {
         let Self { sources, source_lens, iovecs, headers, replies, outgoing, .. } = self;
         let slots = &outgoing[from..];
         for ((&slot, iov), header) in slots.iter().zip(iovecs.iter_mut()).zip(headers.iter_mut()) {
-            iov.iov_base = replies[slot].as_mut_ptr().cast();
-            iov.iov_len = replies[slot].len();
-            header.msg_hdr.msg_iov = iov;
-            header.msg_hdr.msg_iovlen = 1;
-            header.msg_hdr.msg_name = (&mut sources[slot] as *mut libc::sockaddr_storage).cast();
-            header.msg_hdr.msg_namelen = source_lens[slot];
+            aim(header, iov, &mut replies[slot], &mut sources[slot], source_lens[slot]);
         }
         // SAFETY: the first `slots.len()` headers point at replies and addresses of this
         // batch, exclusively borrowed for the call, which only reads them.
         let n = unsafe { libc::sendmmsg(fd, headers.as_mut_ptr(), slots.len() as libc::c_uint, 0) };
         if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
     }
+}
+
+/// Points `header` (through `iov`) at one datagram buffer and one peer address of `len`
+/// bytes, for the next `recvmmsg` or `sendmmsg`.
+fn aim(header: &mut libc::mmsghdr, iov: &mut libc::iovec, buffer: &mut [u8], address: &mut libc::sockaddr_storage, len: libc::socklen_t) {
+    iov.iov_base = buffer.as_mut_ptr().cast();
+    iov.iov_len = buffer.len();
+    header.msg_hdr.msg_iov = iov;
+    header.msg_hdr.msg_iovlen = 1;
+    header.msg_hdr.msg_name = (address as *mut libc::sockaddr_storage).cast();
+    header.msg_hdr.msg_namelen = len;
 }
 
 /// One worker: answers until `shutdown`. The socket is blocking with timeouts, so the
