@@ -22,7 +22,7 @@
 #                       (same offered load, THREADS server processes): what the
 #                       machine gives a fast server; empty = skip
 #   THREADS=2           TOKIO_WORKER_THREADS of koder-dns
-#   KODER_DNS_BIN, SKIP_BUILD=1, KEEP_TMP=1, KODER_LOG=warn
+#   KODER_DNS_BIN, SKIP_BUILD=1, KEEP_TMP=1, KODER_DNS_LOG=warn
 set -euo pipefail
 
 # shellcheck source=lib/common.sh

@@ -63,9 +63,14 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("dns");
     for total in [1_000, 100_000] {
         let registry = registry(total);
-        let answerer = || ZoneAnswerer { registry: registry.clone(), dns_ttl: 5, negative_ttl: 5, ns_address: src.ip() };
+        let answerer = || ZoneAnswerer {
+            registry: registry.clone(),
+            dns_ttl: 5,
+            negative_ttl: 5,
+            ns_address: src.ip(),
+        };
         let zone = answerer();
-        let authority = Authority::new(answerer(), Catalog::new());
+        let authority = Authority::new(answerer(), Catalog::new(), koder_dns::dns::WireSettings::default());
         for service in ["small", "large"] {
             let owner = Name::from_ascii(format!("_{service}._tcp.service.koder.")).unwrap();
             let lower = LowerName::new(&owner);
@@ -74,15 +79,39 @@ fn bench(c: &mut Criterion) {
             });
             let bytes = query(&owner.to_ascii(), RecordType::SRV);
             group.bench_function(BenchmarkId::new(format!("udp_srv_{service}"), total), |b| {
-                b.iter(|| runtime.block_on(koder_dns::dns::handle_bytes(&authority, &bytes, src, Protocol::Udp, &mut out)))
+                b.iter(|| {
+                    runtime.block_on(koder_dns::dns::handle_bytes(
+                        &authority,
+                        &bytes,
+                        src,
+                        Protocol::Udp,
+                        &mut out,
+                    ))
+                })
             });
             group.bench_function(BenchmarkId::new(format!("udp_srv_{service}_full_path"), total), |b| {
-                b.iter(|| runtime.block_on(koder_dns::dns::handle_full(&authority, &bytes, src, Protocol::Udp, &mut out)))
+                b.iter(|| {
+                    runtime.block_on(koder_dns::dns::handle_full(
+                        &authority,
+                        &bytes,
+                        src,
+                        Protocol::Udp,
+                        &mut out,
+                    ))
+                })
             });
         }
         let nx = query("missing.service.koder.", RecordType::A);
         group.bench_function(BenchmarkId::new("udp_nxdomain", total), |b| {
-            b.iter(|| runtime.block_on(koder_dns::dns::handle_bytes(&authority, &nx, src, Protocol::Udp, &mut out)))
+            b.iter(|| {
+                runtime.block_on(koder_dns::dns::handle_bytes(
+                    &authority,
+                    &nx,
+                    src,
+                    Protocol::Udp,
+                    &mut out,
+                ))
+            })
         });
     }
     group.finish();

@@ -25,7 +25,10 @@ impl RequestHandler for Trivial {
         let message = MessageResponseBuilder::from_message_request(request).build_no_records(meta);
         response.send_response(message).await.unwrap_or_else(|_| {
             meta.response_code = ResponseCode::ServFail;
-            ResponseInfo::from(Header { metadata: meta, counts: HeaderCounts::default() })
+            ResponseInfo::from(Header {
+                metadata: meta,
+                counts: HeaderCounts::default(),
+            })
         })
     }
 }
@@ -37,15 +40,19 @@ fn main() -> anyhow::Result<()> {
     };
     let addr: SocketAddr = addr.parse()?;
     let threads: usize = threads.parse()?;
-    tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()?.block_on(async {
-        let (udp, tcp) = koder_dns::dns::bind(addr, threads).await?;
-        let mut server = Server::new(Trivial);
-        for socket in udp {
-            server.register_socket(tokio::net::UdpSocket::from_std(socket)?);
-        }
-        server.register_listener(tcp, std::time::Duration::from_secs(5), 65535);
-        println!("hickory-ceiling: trivial handler on {addr}, {threads} sockets and workers");
-        server.block_until_done().await?;
-        Ok(())
-    })
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()?
+        .block_on(async {
+            let (udp, tcp) = koder_dns::dns::bind(addr, threads).await?;
+            let mut server = Server::new(Trivial);
+            for socket in udp {
+                server.register_socket(tokio::net::UdpSocket::from_std(socket)?);
+            }
+            server.register_listener(tcp, std::time::Duration::from_secs(5), 65535);
+            println!("hickory-ceiling: trivial handler on {addr}, {threads} sockets and workers");
+            server.block_until_done().await?;
+            Ok(())
+        })
 }

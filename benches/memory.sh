@@ -8,7 +8,7 @@
 #   PROCS=4 CONNS=8     registration clients: processes x keep-alive connections each
 #   SETTLE=3            seconds to wait after the last registration before measuring
 #   THREADS=2           TOKIO_WORKER_THREADS of koder-dns
-#   KODER_DNS_BIN, SKIP_BUILD=1, KEEP_TMP=1, KODER_LOG=warn
+#   KODER_DNS_BIN, SKIP_BUILD=1, KEEP_TMP=1, KODER_DNS_LOG=warn
 set -euo pipefail
 
 # shellcheck source=lib/common.sh

@@ -13,7 +13,12 @@ use koder_dns::registry::{Registry, Settings};
 pub fn spec(service: usize, instance: usize) -> Spec {
     Registration {
         name: Some(format!("svc{service}")),
-        address: Some(format!("10.{}.{}.{}", service / 250 % 250, service % 250, instance % 250 + 1)),
+        address: Some(format!(
+            "10.{}.{}.{}",
+            service / 250 % 250,
+            service % 250,
+            instance % 250 + 1
+        )),
         port: Some(8000 + instance as i64),
         ..Default::default()
     }
@@ -46,7 +51,9 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 n = (n + 1) % total;
                 // What the REST route does: renew, and write the answer from the entry.
-                registry.heartbeat_with(&ids[n], |instance| serde_json::to_vec(instance).unwrap()).unwrap()
+                registry
+                    .heartbeat_with(&ids[n], |instance| serde_json::to_vec(instance).unwrap())
+                    .unwrap()
             })
         });
         group.bench_function(BenchmarkId::new("lookup", total), |b| {

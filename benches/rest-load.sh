@@ -11,7 +11,7 @@
 #   TESTS="healthz heartbeat register reregister"
 #   ROUNDS=3           each round runs every test once, in order; the table has medians
 #   THREADS=2          TOKIO_WORKER_THREADS of koder-dns
-#   KODER_DNS_BIN, SKIP_BUILD=1, KEEP_TMP=1, KODER_LOG=warn (server log filter)
+#   KODER_DNS_BIN, SKIP_BUILD=1, KEEP_TMP=1, KODER_DNS_LOG=warn (server log filter)
 set -euo pipefail
 
 # shellcheck source=lib/common.sh
@@ -123,5 +123,5 @@ echo
 echo "wrk -t $WRK_THREADS -c $CONNS -d ${DURATION}s (keep-alive), $ROUNDS rounds (each runs: $TESTS); heartbeats cycle over $((SERVICES * INSTANCES)) live ids;"
 echo "register (new id) adds a fresh instance per request (instances in the registry at the end: $INST_AFTER);"
 echo "register (update) re-registers the existing ids (created=false, lease renewed)."
-echo "koder-dns: TOKIO_WORKER_THREADS=$THREADS, log filter ${KODER_LOG:-warn}"
+echo "koder-dns: TOKIO_WORKER_THREADS=$THREADS, log filter ${KODER_DNS_LOG:-warn}"
 echo "$(machine_note); wrk takes up to $WRK_THREADS core(s) of them"

@@ -18,6 +18,12 @@
 #                              memory fails only if the last third's mean exceeds the
 #                              first third's by both
 #   SOAK_DNS_MAX_LOST_PCT=0.1  tolerated UDP loss
+#   SOAK_FAULT_SECONDS=40      fault phase afterwards (0 = none): a second server, alternately
+#                              SIGSTOPped and SIGKILLed (then restarted) for
+#                              SOAK_FAULT_OUTAGE_SECONDS=5, longer than the TTL of its
+#                              SOAK_FAULT_REGISTRANTS=50 registrants (SOAK_FAULT_TTL_SECONDS=3),
+#                              under a writer that registers and deregisters; checks that
+#                              acknowledged = present and that no live registrant saw 410
 #   SOAK_BINARY=path           use this binary instead of building target/release/koder-dns
 #   SOAK_KEEP=1                keep the temporary directory (server log, data) afterwards
 #
@@ -172,4 +178,17 @@ if grep -nE 'panicked|ERROR' "$work/server.log" >&2; then
     rc=1
 fi
 echo "server log: $(wc -l <"$work/server.log") lines at KODER_DNS_LOG=${KODER_DNS_LOG:-warn}"
+
+# --- fault phase -------------------------------------------------------------------------
+if ((${SOAK_FAULT_SECONDS:-40} > 0)); then
+    mkdir -p "$work/faults"
+    log "fault phase: ${SOAK_FAULT_SECONDS:-40}s of SIGSTOP and SIGKILL outages"
+    set +e
+    SOAK_BINARY="$bin" SOAK_FAULT_WORKDIR="$work/faults" \
+        timeout --signal=TERM --kill-after=10 "$((${SOAK_FAULT_SECONDS:-40} + 120))" \
+        python3 "$here/soak/faults.py"
+    fault_rc=$?
+    set -e
+    ((fault_rc == 0)) || { log "FAIL: the fault phase (log: $work/faults/server.log)"; rc=1; }
+fi
 exit "$rc"

@@ -1,12 +1,13 @@
 //! Settings: command-line flags, then `KODER_DNS_*` environment variables, then the
 //! `--config` TOML file, then built-in defaults, strongest first.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use serde::Deserialize;
 
 use crate::health::CheckKind;
 
@@ -19,110 +20,260 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 90s, 500ms or 2m ({e})"))
 }
 
-/// Everything `koder-dns serve` runs with, after all sources are merged.
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub dns_listen: SocketAddr,
-    pub http_listen: SocketAddr,
-    pub domain: String,
-    pub default_ttl: Duration,
-    pub reaper_interval: Duration,
-    pub dns_ttl: Duration,
-    pub negative_ttl: Duration,
-    pub zones_dir: PathBuf,
-    pub data_dir: PathBuf,
-    pub api_keys: Vec<String>,
-    pub default_check: CheckKind,
-    pub check_fall: u32,
-    pub check_rise: u32,
-    pub check_concurrency: usize,
-    pub max_instances: usize,
-    pub persist_interval: Duration,
-    pub dns_tcp_idle_timeout: Duration,
-    pub dns_tcp_max_connections: usize,
-    pub dns_udp_workers: usize,
-    pub http_max_connections: usize,
-    pub http_request_timeout: Duration,
+/// A setting's text, from a flag, the environment or the file, parsed by the type's `FromStr`.
+fn parsed<T: FromStr>(s: &str) -> Result<T, String>
+where
+    T::Err: fmt::Display,
+{
+    s.trim().parse().map_err(|e| format!("{s:?}: {e}"))
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            dns_listen: "127.0.0.1:1053".parse().unwrap(),
-            http_listen: "127.0.0.1:8053".parse().unwrap(),
-            domain: "service.koder".into(),
-            default_ttl: Duration::from_secs(90),
-            reaper_interval: Duration::from_secs(30),
-            dns_ttl: Duration::from_secs(5),
-            negative_ttl: Duration::from_secs(5),
-            zones_dir: "zones".into(),
-            data_dir: "data".into(),
-            api_keys: Vec::new(),
-            default_check: CheckKind::None,
-            check_fall: 2,
-            check_rise: 1,
-            check_concurrency: 64,
-            max_instances: 200_000,
-            persist_interval: Duration::from_secs(1),
-            dns_tcp_idle_timeout: Duration::from_secs(10),
-            dns_tcp_max_connections: 512,
-            dns_udp_workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            http_max_connections: 1024,
-            http_request_timeout: Duration::from_secs(10),
-        }
+/// An address that may be absent. An alias, because clap's derive reads a literal
+/// `Option<Option<T>>` as a flag whose value is optional, which this is not.
+pub type MaybeAddr = Option<SocketAddr>;
+
+/// A file that may be absent.
+pub type MaybePath = Option<PathBuf>;
+
+/// `none` (or empty) is no file.
+fn optional_path(s: &str) -> Result<MaybePath, String> {
+    match s.trim() {
+        "" | "none" => Ok(None),
+        p => Ok(Some(PathBuf::from(p))),
     }
 }
 
-fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    let s = Option::<String>::deserialize(d)?;
-    s.map(|s| parse_duration(&s).map_err(serde::de::Error::custom)).transpose()
+/// `none` (or empty) is no address of its own.
+fn optional_addr(s: &str) -> Result<MaybeAddr, String> {
+    match s.trim() {
+        "" | "none" => Ok(None),
+        a => parsed(a).map(Some),
+    }
 }
 
-/// The `--config` file: the same settings as the flags, in snake_case.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    pub dns_listen: Option<SocketAddr>,
-    pub http_listen: Option<SocketAddr>,
-    pub domain: Option<String>,
-    #[serde(default, deserialize_with = "de_duration")]
-    pub default_ttl: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    pub reaper_interval: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    pub dns_ttl: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    pub negative_ttl: Option<Duration>,
-    pub zones_dir: Option<PathBuf>,
-    pub data_dir: Option<PathBuf>,
-    pub api_keys: Option<Vec<String>>,
-    pub default_check: Option<CheckKind>,
-    pub check_fall: Option<u32>,
-    pub check_rise: Option<u32>,
-    pub check_concurrency: Option<usize>,
-    pub max_instances: Option<usize>,
-    #[serde(default, deserialize_with = "de_duration")]
-    pub persist_interval: Option<Duration>,
-    #[serde(default, deserialize_with = "de_duration")]
-    pub dns_tcp_idle_timeout: Option<Duration>,
-    pub dns_tcp_max_connections: Option<usize>,
-    pub dns_udp_workers: Option<usize>,
-    pub http_max_connections: Option<usize>,
-    #[serde(default, deserialize_with = "de_duration")]
-    pub http_request_timeout: Option<Duration>,
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One line per event for a person: `tracing`'s compact text.
+    Text,
+    /// One JSON object per line, for a log pipeline.
+    Json,
 }
 
-impl FileConfig {
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the config file {}", path.display()))?;
-        toml::from_str(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))
+fn log_format(s: &str) -> Result<LogFormat, String> {
+    match s.trim() {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        other => Err(format!("{other:?} is not a log format; use text or json")),
+    }
+}
+
+/// `auto` is the host name.
+fn identity(s: &str) -> Result<String, String> {
+    match s.trim() {
+        "auto" => Ok(crate::dns::host_name()),
+        name => Ok(name.to_owned()),
+    }
+}
+
+/// `auto` is one per CPU.
+fn workers(s: &str) -> Result<usize, String> {
+    match s.trim() {
+        "auto" => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        n => parsed(n),
+    }
+}
+
+/// Declares every setting of `koder-dns serve` once: its field, type, default, environment
+/// variable, parser and help. From that one list come [`Config`] and its `Default`,
+/// [`ServeArgs`] (flags and environment, through clap), the `--config` file's keys, and the
+/// merge of all four sources, so a new setting is one entry here and one line in the README.
+/// Defaults are written as text and go through the setting's own parser, so the default in
+/// `--help` is the one the server runs with.
+macro_rules! settings {
+    ($(
+        $name:ident: $ty:ty = $default:literal, $env:literal, $value_name:literal, $parse:path, $help:literal;
+    )+) => {
+        /// Everything `koder-dns serve` runs with, after all sources are merged.
+        #[derive(Debug, Clone)]
+        pub struct Config {
+            $( #[doc = $help] pub $name: $ty, )+
+            /// API keys; several may be valid at once, for rotation.
+            pub api_keys: Vec<String>,
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Self {
+                    $( $name: $parse($default).expect(concat!("the default of ", stringify!($name))), )+
+                    api_keys: Vec::new(),
+                }
+            }
+        }
+
+        /// The settings of `koder-dns serve` as flags and `KODER_DNS_*` variables; each is
+        /// `None` unless given, so the file and the defaults can fill in.
+        #[derive(Debug, Default, clap::Args)]
+        #[command(after_help = "Durations are written like 90s, 500ms, 2m or 0.\n\
+API keys come from KODER_DNS_API_KEY (comma-separated) or `api_keys = [...]` in the config file; \
+with none, a key is generated into <data-dir>/api-key (mode 0600) and its path is logged.")]
+        pub struct ServeArgs {
+            /// TOML file with any of these settings in snake_case (e.g. dns_listen = "127.0.0.1:53").
+            #[arg(long, env = "KODER_DNS_CONFIG", value_name = "FILE")]
+            pub config: Option<PathBuf>,
+            $(
+                #[arg(long, env = $env, value_name = $value_name,
+                      value_parser = |s: &str| -> Result<$ty, String> { $parse(s) },
+                      help = concat!($help, " [default: ", $default, "]"))]
+                pub $name: Option<$ty>,
+            )+
+        }
+
+        /// The keys the `--config` file may hold.
+        const FILE_KEYS: &[&str] = &[$(stringify!($name),)+ "api_keys"];
+
+        impl ServeArgs {
+            /// Merges flags and environment (already combined by clap) over the config file
+            /// and the defaults, then validates the result.
+            pub fn into_config(self) -> anyhow::Result<Config> {
+                let file = match &self.config {
+                    Some(path) => load_file(path)?,
+                    None => toml::Table::new(),
+                };
+                let mut config = Config::default();
+                $(
+                    // A bad value in the file is refused even where a flag overrides it.
+                    if let Some(value) = file.get(stringify!($name)) {
+                        config.$name = $parse(&file_text(value))
+                            .map_err(|e| anyhow::anyhow!("config file: {}: {e}", stringify!($name)))?;
+                    }
+                    if let Some(value) = self.$name {
+                        config.$name = value;
+                    }
+                )+
+                config.api_keys = api_keys(&file)?;
+                config.validate()?;
+                Ok(config)
+            }
+        }
+    };
+}
+
+settings! {
+    dns_listen: SocketAddr = "127.0.0.1:1053", "KODER_DNS_DNS_LISTEN", "ADDR", parsed,
+        "DNS address, UDP and TCP. Port 0 picks a free one.";
+    http_listen: SocketAddr = "127.0.0.1:8053", "KODER_DNS_HTTP_LISTEN", "ADDR", parsed,
+        "REST API address.";
+    domain: String = "service.koder", "KODER_DNS_DOMAIN", "DOMAIN", parsed,
+        "The service zone.";
+    default_ttl: Duration = "90s", "KODER_DNS_DEFAULT_TTL", "DURATION", parse_duration,
+        "Lease of an instance whose ttl_ns is 0 or negative; 0 = never expire.";
+    min_ttl: Duration = "1s", "KODER_DNS_MIN_TTL", "DURATION", parse_duration,
+        "Shortest ttl_ns a registration may ask for; shorter ones get 400.";
+    max_ttl: Duration = "24h", "KODER_DNS_MAX_TTL", "DURATION", parse_duration,
+        "Longest ttl_ns a registration may ask for; longer ones get 400.";
+    reaper_interval: Duration = "30s", "KODER_DNS_REAPER_INTERVAL", "DURATION", parse_duration,
+        "How often expired instances are removed. Expired instances are never served, \
+         whether or not the reaper has run.";
+    dns_ttl: Duration = "5s", "KODER_DNS_DNS_TTL", "DURATION", parse_duration,
+        "TTL of service-zone records, never above the instance's remaining lease.";
+    negative_ttl: Duration = "5s", "KODER_DNS_NEGATIVE_TTL", "DURATION", parse_duration,
+        "SOA minimum: how long resolvers cache NXDOMAIN and NODATA.";
+    zones_dir: PathBuf = "zones", "KODER_DNS_ZONES_DIR", "DIR", parsed,
+        "Directory of BIND-format zone files (*.zone), each served as its own zone.";
+    data_dir: PathBuf = "data", "KODER_DNS_DATA_DIR", "DIR", parsed,
+        "Durable state: the registry database and the generated API key.";
+    default_check: CheckKind = "none", "KODER_DNS_DEFAULT_CHECK", "KIND", parsed,
+        "Health check for instances that name none: tcp, http or none.";
+    check_fall: u32 = "2", "KODER_DNS_CHECK_FALL", "N", parsed,
+        "Consecutive failed checks that make an instance unhealthy.";
+    check_rise: u32 = "1", "KODER_DNS_CHECK_RISE", "N", parsed,
+        "Consecutive passed checks that make an instance healthy again.";
+    check_concurrency: usize = "64", "KODER_DNS_CHECK_CONCURRENCY", "N", parsed,
+        "Health checks in flight at once, server-wide.";
+    max_instances: usize = "200000", "KODER_DNS_MAX_INSTANCES", "N", parsed,
+        "Most instances the registry stores; registrations beyond get 507.";
+    persist_interval: Duration = "1s", "KODER_DNS_PERSIST_INTERVAL", "DURATION", parse_duration,
+        "How often lease renewals (heartbeats) are written to disk in one batch.";
+    dns_tcp_idle_timeout: Duration = "10s", "KODER_DNS_DNS_TCP_IDLE_TIMEOUT", "DURATION", parse_duration,
+        "Idle time after which a DNS TCP connection is closed.";
+    dns_tcp_max_connections: usize = "512", "KODER_DNS_DNS_TCP_MAX_CONNECTIONS", "N", parsed,
+        "DNS TCP connections open at once; more wait to be accepted.";
+    dns_udp_workers: usize = "auto", "KODER_DNS_DNS_UDP_WORKERS", "N", workers,
+        "Threads answering DNS over UDP, each with its own socket; auto = one per CPU.";
+    dns_udp_max_payload: u16 = "1232", "KODER_DNS_DNS_UDP_MAX_PAYLOAD", "BYTES", parsed,
+        "Largest UDP response, advertised in our OPT record; 512-4096 (1232: DNS Flag Day 2020).";
+    dns_identity: String = "auto", "KODER_DNS_DNS_IDENTITY", "TEXT", identity,
+        "What CH TXT id.server./hostname.bind. and NSID answer; auto = the host name.";
+    http_max_connections: usize = "1024", "KODER_DNS_HTTP_MAX_CONNECTIONS", "N", parsed,
+        "HTTP connections open at once; more wait to be accepted.";
+    http_max_connections_per_client: usize = "200", "KODER_DNS_HTTP_MAX_CONNECTIONS_PER_CLIENT", "N", parsed,
+        "HTTP connections one client address may hold open; beyond it new ones from that \
+         address are closed at once, so others are still served.";
+    http_request_timeout: Duration = "10s", "KODER_DNS_HTTP_REQUEST_TIMEOUT", "DURATION", parse_duration,
+        "Time a client has to send a whole HTTP request and get its answer.";
+    metrics_listen: MaybeAddr = "none", "KODER_DNS_METRICS_LISTEN", "ADDR", optional_addr,
+        "Serve GET /metrics on an address of its own instead of the REST address.";
+    log_format: LogFormat = "text", "KODER_DNS_LOG_FORMAT", "FORMAT", log_format,
+        "Log lines as text (for a person) or json (one object per line).";
+    drift_reference: MaybePath = "none", "KODER_DNS_DRIFT_REFERENCE", "FILE", optional_path,
+        "A reference koder-service-ports.toml: GET /api/v1/services/drift and the status page compare \
+         the live registry with it.";
+    watch_max: usize = "8192", "KODER_DNS_WATCH_MAX", "N", parsed,
+        "Blocking queries (?index=&wait=) held at once; more get 429.";
+}
+
+/// Reads the `--config` file, refusing keys that are no setting.
+fn load_file(path: &Path) -> anyhow::Result<toml::Table> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read the config file {}", path.display()))?;
+    let table: toml::Table =
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
+    if let Some(unknown) = table.keys().find(|k| !FILE_KEYS.contains(&k.as_str())) {
+        bail!(
+            "config file {}: unknown key {unknown:?}; the keys are the settings of \
+             `koder-dns serve --help` in snake_case: {}",
+            path.display(),
+            FILE_KEYS.join(", ")
+        );
+    }
+    Ok(table)
+}
+
+/// A file value as the text a flag would carry: strings as they are, numbers and booleans
+/// written out, so one parser serves every source.
+fn file_text(value: &toml::Value) -> String {
+    match value {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// `KODER_DNS_API_KEY` (comma-separated), else the file's `api_keys`, else none.
+fn api_keys(file: &toml::Table) -> anyhow::Result<Vec<String>> {
+    if let Some(keys) = std::env::var("KODER_DNS_API_KEY").ok().map(|s| split_keys(&s))
+        && !keys.is_empty()
+    {
+        return Ok(keys);
+    }
+    match file.get("api_keys") {
+        None => Ok(Vec::new()),
+        Some(toml::Value::Array(keys)) => keys
+            .iter()
+            .map(|k| k.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .context("config file: api_keys must be a list of strings"),
+        Some(_) => bail!("config file: api_keys must be a list of strings, e.g. api_keys = [\"...\"]"),
     }
 }
 
 /// Comma-separated keys, as `KODER_DNS_API_KEY` carries them.
 pub fn split_keys(s: &str) -> Vec<String> {
-    s.split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_owned).collect()
+    s.split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 impl Config {
@@ -138,6 +289,9 @@ impl Config {
         if self.default_ttl.as_nanos() > i64::MAX as u128 {
             bail!("--default-ttl is too long");
         }
+        if self.min_ttl.is_zero() || self.min_ttl > self.max_ttl || self.max_ttl.as_nanos() > i64::MAX as u128 {
+            bail!("--min-ttl must be positive and at most --max-ttl");
+        }
         if self.check_fall == 0 || self.check_rise == 0 {
             bail!("--check-fall and --check-rise must be at least 1");
         }
@@ -152,6 +306,21 @@ impl Config {
         }
         if self.dns_tcp_max_connections == 0 || self.http_max_connections == 0 || self.dns_udp_workers == 0 {
             bail!("--dns-tcp-max-connections, --dns-udp-workers and --http-max-connections must be at least 1");
+        }
+        if self.http_max_connections_per_client == 0 {
+            bail!("--http-max-connections-per-client must be at least 1");
+        }
+        if !(512..=crate::dns::MAX_UDP_PAYLOAD).contains(&self.dns_udp_max_payload) {
+            bail!("--dns-udp-max-payload must be between 512 and 4096 bytes");
+        }
+        if self.dns_identity.is_empty() || self.dns_identity.len() > 255 {
+            bail!("--dns-identity must be 1-255 bytes (one TXT string)");
+        }
+        if let Some(path) = &self.drift_reference {
+            crate::export::drift::load_reference(path).map_err(|e| anyhow::anyhow!("--drift-reference: {e}"))?;
+        }
+        if self.watch_max == 0 {
+            bail!("--watch-max must be at least 1");
         }
         if self.http_request_timeout.is_zero() {
             bail!("--http-request-timeout must be positive");

@@ -8,5 +8,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => koder_dns::server::main(args),
         Command::Export(args) => koder_dns::cli::export(args),
         Command::Drift(args) => koder_dns::cli::drift(args),
+        Command::Agent(args) => koder_dns::cli::agent(args),
+        Command::Conformance(args) => koder_dns::cli::conformance(args),
     }
 }

@@ -8,13 +8,13 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::api::{self, AppState, auth};
 use crate::cli::ServeArgs;
-use crate::config::Config;
-use crate::health;
+use crate::config::{Config, LogFormat};
 use crate::dns::{self, Authority, answer::ZoneAnswerer, records::ZoneNames};
+use crate::health;
 use crate::registry::clock::{Clock, SystemClock};
 use crate::registry::disk::{self, Disk};
 use crate::registry::store::Store;
@@ -24,11 +24,19 @@ use crate::registry::{self, Registry, Settings};
 ///
 /// A restored lease ends at the stored `updated_at` + TTL + `--persist-interval`: the stored
 /// stamp may lag the last heartbeat by one batch, so a registrant that kept heart-beating
-/// never gets 410 for the restart, and a dead one is served at most one batch longer.
+/// never gets 410 for a quick restart, and a dead one is served at most one batch longer.
+/// A lease that ran out while the server was down is parked unserved for one more TTL
+/// (see [`Registry::put_back`]), for a restart longer than the TTL.
 async fn open_store(config: &Config, registry: &Arc<Registry>) -> anyhow::Result<Store> {
     let data_dir = config.data_dir.clone();
     let (db, path, loaded) = tokio::task::spawn_blocking(move || disk::open(&data_dir)).await??;
-    registry.raise_serial(loaded.serial.wrapping_add(1));
+    registry.raise_revision(loaded.revision.saturating_add(1));
+    // No heartbeat could arrive while the registry was down: leases that ran out then are
+    // kept (unserved) for one more TTL rather than dropped, so registrants that kept
+    // heart-beating never get 410 for the restart.
+    if let Some(alive_at) = loaded.alive_at {
+        registry.blind_between(alive_at, registry.now());
+    }
     let grace = config.persist_interval.as_nanos() as i64;
     let total = loaded.instances.len();
     let mut dead = Vec::new();
@@ -38,11 +46,15 @@ async fn open_store(config: &Config, registry: &Arc<Registry>) -> anyhow::Result
             dead.push(id);
         }
     }
-    info!(path = %path.display(), restored = total - dead.len(), expired = dead.len(), "registry loaded from disk");
+    let unconfirmed = registry.unconfirmed();
+    info!(path = %path.display(), restored = total - dead.len() - unconfirmed, unconfirmed, expired = dead.len(),
+          "registry loaded from disk");
     let events = registry.subscribe();
     let disk = Disk::spawn(db, path, registry.clone(), events, config.persist_interval);
     if !dead.is_empty() {
-        disk.write(dead).await.map_err(|e| anyhow::anyhow!("cannot remove expired instances from disk: {e}"))?;
+        disk.write(dead)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot remove expired instances from disk: {e}"))?;
     }
     Ok(Store::new(registry.clone(), disk))
 }
@@ -60,15 +72,30 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops accepting, lets in-flight requests finish, flushes durable state.
-    pub async fn shutdown(self) {
+    /// Stops accepting and answers held blocking queries at once; [`Self::shutdown`] then
+    /// waits for the rest and flushes.
+    pub fn begin_shutdown(&self) {
         self.shutdown.cancel();
-        for task in self.tasks {
-            let _ = task.await;
-        }
-        self.store.close().await;
     }
 
+    /// Stops accepting, lets in-flight requests finish, flushes durable state. An error
+    /// when the final flush failed.
+    pub async fn shutdown(mut self) -> Result<(), String> {
+        self.begin_shutdown();
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = task.await;
+        }
+        self.store.close().await
+    }
+}
+
+/// A server dropped without [`Running::shutdown`] still stops: its UDP workers are threads
+/// that outlive the runtime, and their `SO_REUSEPORT` sockets would otherwise stay bound, so
+/// a later server on the same port would share its queries with a dead registry's answers.
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.begin_shutdown();
+    }
 }
 
 pub async fn start(config: Config) -> anyhow::Result<Running> {
@@ -111,7 +138,11 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         negative_ttl: config.negative_ttl.as_secs() as u32,
         ns_address: dns::ns_address(dns_addr),
     };
-    let authority = Authority::new(answerer, static_zones);
+    let wire = dns::WireSettings {
+        udp_max_payload: config.dns_udp_max_payload,
+        identity: config.dns_identity.clone(),
+    };
+    let authority = Authority::new(answerer, static_zones, wire);
     tasks.push(dns::udp::spawn(udp, authority.clone(), shutdown.clone())?);
     let limits = dns::tcp::Limits {
         max_connections: config.dns_tcp_max_connections,
@@ -123,26 +154,79 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         .await
         .with_context(|| format!("cannot listen for HTTP on {} (--http-listen)", config.http_listen))?;
     let http_addr = http.local_addr()?;
-    let state = AppState { store: store.clone(), keys: Arc::new(auth::ApiKeys::new(&keys)) };
-    let router = api::router(state, config.http_request_timeout);
-    let limits = api::serve::Limits { max_connections: config.http_max_connections, header_timeout: config.http_request_timeout };
+    let metrics = Arc::new(crate::metrics::Exposition::new(registry.clone()));
+    if let Some(addr) = config.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for metrics on {addr} (--metrics-listen)"))?;
+        info!(metrics = %listener.local_addr()?, "metrics on their own address");
+        let router = axum::Router::new()
+            .route("/metrics", axum::routing::get(api::metrics))
+            .with_state(metrics.clone());
+        let limits = api::serve::Limits {
+            max_connections: 16,
+            max_connections_per_client: 16,
+            header_timeout: config.http_request_timeout,
+        };
+        tasks.push(tokio::spawn(api::serve::serve(
+            listener,
+            router,
+            limits,
+            shutdown.clone(),
+        )));
+    }
+    let state = AppState {
+        store: store.clone(),
+        ui: api::ui_page(config.default_ttl),
+        watches: api::watch::Watches::new(config.watch_max, shutdown.clone()),
+        drift_reference: config.drift_reference.clone(),
+        metrics,
+        keys: Arc::new(auth::ApiKeys::new(&keys)),
+        ttl_bounds: api::TtlBounds {
+            min: config.min_ttl,
+            max: config.max_ttl,
+        },
+    };
+    let router = api::router(state, config.http_request_timeout, config.metrics_listen.is_none());
+    let limits = api::serve::Limits {
+        max_connections: config.http_max_connections,
+        max_connections_per_client: config.http_max_connections_per_client,
+        header_timeout: config.http_request_timeout,
+    };
     tasks.push(tokio::spawn(api::serve::serve(http, router, limits, shutdown.clone())));
 
-    tasks.push(tokio::spawn(registry::reaper::run(registry.clone(), config.reaper_interval, shutdown.clone())));
+    tasks.push(tokio::spawn(registry::reaper::run(
+        registry.clone(),
+        config.reaper_interval,
+        shutdown.clone(),
+    )));
     let health = health::Settings {
         default_check: config.default_check,
         fall: config.check_fall,
         rise: config.check_rise,
         concurrency: config.check_concurrency,
     };
-    tasks.push(tokio::spawn(health::run(registry.clone(), health_events, health, shutdown.clone())));
+    tasks.push(tokio::spawn(health::run(
+        registry.clone(),
+        health_events,
+        health,
+        shutdown.clone(),
+    )));
 
     info!(dns = %dns_addr, http = %http_addr, zone = %registry.zone().origin,
           default_ttl_s = config.default_ttl.as_secs_f64(), "koder-dns listening");
-    Ok(Running { dns_addr, http_addr, api_key: keys[0].clone(), registry, store, shutdown, tasks })
+    Ok(Running {
+        dns_addr,
+        http_addr,
+        api_key: keys[0].clone(),
+        registry,
+        store,
+        shutdown,
+        tasks,
+    })
 }
 
-fn init_logging() {
+pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     // hickory logs two INFO lines per query; that costs a third of the throughput.
     let filter = EnvFilter::try_from_env("KODER_DNS_LOG")
@@ -150,12 +234,17 @@ fn init_logging() {
         .unwrap_or_else(|_| EnvFilter::new("info,hickory_server=warn,hickory_proto=warn,hickory_net=warn"));
     // Colours only for a person at a terminal, never into log files.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi).init();
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.with_ansi(ansi).init(),
+        LogFormat::Json => logs.json().init(),
+    }
 }
 
 /// `koder-dns serve`.
 pub fn main(args: ServeArgs) -> ExitCode {
-    init_logging();
     let config = match args.into_config() {
         Ok(config) => config,
         Err(e) => {
@@ -163,7 +252,11 @@ pub fn main(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    init_logging(config.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     runtime.block_on(async {
         let running = match start(config).await {
             Ok(running) => running,
@@ -174,19 +267,30 @@ pub fn main(args: ServeArgs) -> ExitCode {
         };
         wait_for_signal().await;
         info!("shutting down");
-        if tokio::time::timeout(Duration::from_secs(10), running.shutdown()).await.is_err() {
-            warn!("in-flight work did not finish within 10s; exiting anyway");
+        match tokio::time::timeout(Duration::from_secs(10), running.shutdown()).await {
+            Ok(Ok(())) => {
+                info!("stopped");
+                ExitCode::SUCCESS
+            }
+            Ok(Err(e)) => {
+                error!(error = %e, "stopped without writing the registry to disk");
+                ExitCode::from(1)
+            }
+            Err(_) => {
+                error!("in-flight work did not finish within 10s; exiting without a final flush");
+                ExitCode::from(1)
+            }
         }
-        info!("stopped");
-        ExitCode::SUCCESS
     })
 }
 
-async fn wait_for_signal() {
+/// SIGTERM or Ctrl-C.
+pub async fn wait_for_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian machine: installs the tools the end-to-end
-# tests drive (dig, unbound), then runs every test, ignored ones included.
+# tests drive (Debian packages through apt-get, Python tools into a venv under target/),
+# then checks style and lints and runs every test, ignored ones included.
+# Runs as root, or as a user with sudo for apt-get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Debian packages: one `need COMMAND PACKAGE` line per tool a test drives.
 missing=()
-command -v dig >/dev/null || missing+=(bind9-dnsutils)
-command -v unbound >/dev/null || missing+=(unbound)
+need() { command -v "$1" >/dev/null || [ -x "/usr/sbin/$1" ] || missing+=("$2"); }
+need dig bind9-dnsutils
+need unbound unbound
+need systemd-analyze systemd
+need prometheus prometheus
+need chromium chromium
+need chromedriver chromium-driver
+need nsd nsd
+need haproxy haproxy
+need knotd knot
+need kdig knot-dnsutils
+need etcd etcd-server
 if ((${#missing[@]})); then
     echo "tests/run.sh: installing ${missing[*]}" >&2
     sudo=""
@@ -14,9 +27,27 @@ if ((${#missing[@]})); then
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# The Debian package starts an unbound on port 53; the tests run their own.
-command -v dig unbound >/dev/null
+# Debian's unbound and nsd packages may start servers on port 53; the tests run their own.
 
+# Python tools, pinned, in a venv of the suite's own.
+python_tools=(kubernetes-validate==1.37.0 schemathesis==4.32.5)
+venv=target/test-venv
+if [ "$(cat "$venv/installed" 2>/dev/null)" != "${python_tools[*]}" ]; then
+    echo "tests/run.sh: installing ${python_tools[*]} into $venv" >&2
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "${python_tools[@]}"
+    echo "${python_tools[*]}" >"$venv/installed"
+fi
+export PATH="$PWD/$venv/bin:$PATH"
+
+# Style and lints first: a formatting drift or a clippy warning fails the suite.
+cargo fmt --check
+cargo clippy --all-targets --quiet -- -D warnings
+
+# tests/it/clients.rs runs the routing_file example as a consumer would.
+cargo build --examples --quiet
 cargo test --lib --bins --tests -- --include-ignored
 # The benchmarks must keep compiling; `cargo bench` runs them.
 cargo check --benches --quiet
+# So must the fuzz targets (their own crate; `cargo fuzz` runs them, see fuzz/README.md).
+(cd fuzz && cargo check --quiet)

@@ -184,7 +184,7 @@ start_koder() {
     dir="$BENCH_TMP/${KODER_NAME:-koder}"
     mkdir -p "$dir/data" "$dir/zones"
     log "starting koder-dns (TOKIO_WORKER_THREADS=$THREADS) dns=$dport http=$hport"
-    KODER_DNS_API_KEY="$API_KEY" TOKIO_WORKER_THREADS="$THREADS" KODER_DNS_DNS_UDP_WORKERS="$THREADS" KODER_DNS_LOG="${KODER_LOG:-warn}" \
+    KODER_DNS_API_KEY="$API_KEY" TOKIO_WORKER_THREADS="$THREADS" KODER_DNS_DNS_UDP_WORKERS="$THREADS" KODER_DNS_LOG="${KODER_DNS_LOG:-warn}" \
         "$KODER_BIN" serve \
         --dns-listen "$BENCH_HOST:$dport" \
         --http-listen "$BENCH_HOST:$hport" \

@@ -2,7 +2,6 @@
 """Small /proc helpers for the benchmark scripts.
 
   proctool.py cpu PID    -> utime+stime clock ticks of PID and its descendants
-  proctool.py rss PID    -> VmRSS in KiB of PID and its descendants
 """
 import os
 import sys
@@ -46,19 +45,8 @@ def cpu(pid):
     return total
 
 
-def rss(pid):
-    total = 0
-    for p in tree(pid):
-        try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-        except OSError:
-            continue
-    return total
-
-
 if __name__ == "__main__":
     cmd, pid = sys.argv[1], int(sys.argv[2])
-    print({"cpu": cpu, "rss": rss}[cmd](pid))
+    if cmd != "cpu":
+        sys.exit(f"proctool.py: unknown command {cmd!r}; the only one is cpu")
+    print(cpu(pid))

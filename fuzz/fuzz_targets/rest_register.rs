@@ -82,15 +82,15 @@ fuzz_target!(|data: &[u8]| {
     // Listed, everywhere it should be.
     let all = registry.list(&Filter::default());
     assert_eq!(all, vec![instance.clone()], "the registered instance is the only one listed");
-    let by_name = registry.list(&Filter { name: Some(spec.name.to_string()), healthy_only: false });
+    let by_name = registry.list(&Filter { name: Some(spec.name.to_string()), healthy_only: false, confirmed_only: false });
     assert_eq!(by_name, all);
-    let healthy = registry.list(&Filter { name: None, healthy_only: true });
+    let healthy = registry.list(&Filter { name: None, healthy_only: true, confirmed_only: false });
     assert_eq!(healthy.len(), spec.healthy as usize);
     assert_eq!(registry.get(&spec.id), Some(instance.clone()));
     assert_eq!(registry.service_names(&Filter::default()), vec![spec.name.clone()]);
     let view = registry.view(&spec.name).expect("the service has a view");
-    assert_eq!(view.members.len(), 1);
-    assert_eq!(&*view.members[0].id, spec.id.as_str());
+    assert_eq!(view.members.iter().count(), 1);
+    assert_eq!(&*view.members.iter().next().unwrap().id, spec.id.as_str());
     assert_eq!(view.answerable(registry.now()).count(), spec.healthy as usize);
 
     // The wire shape round-trips, and reading it back as a registration gives the same spec

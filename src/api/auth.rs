@@ -25,14 +25,27 @@ impl ApiKeys {
     /// Compares against every key in constant time, so timing reveals neither which key
     /// nor how much of one matched.
     pub fn accepts(&self, presented: &[u8]) -> bool {
-        self.0.iter().fold(false, |ok, key| ok | bool::from(key.as_slice().ct_eq(presented)))
+        self.0
+            .iter()
+            .fold(false, |ok, key| ok | bool::from(key.as_slice().ct_eq(presented)))
     }
 
-    /// Whether `headers` carry a key we accept; the 401 to answer if not.
+    /// Whether `headers` carry a key we accept; the 401 to answer if not. The key goes in
+    /// `X-API-Key`, or as `Authorization: Bearer <key>` for clients that can send no header
+    /// of their own (Prometheus's `http_sd_configs` `authorization`, for one).
     pub fn check(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        match headers.get(HEADER) {
-            Some(key) if self.accepts(key.as_bytes()) => Ok(()),
-            Some(_) => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "the X-API-Key header holds no valid key")),
+        let bearer = || {
+            headers
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        };
+        match headers.get(HEADER).map(|k| k.as_bytes()).or_else(bearer) {
+            Some(key) if self.accepts(key) => Ok(()),
+            Some(_) => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the X-API-Key header (or Authorization: Bearer) holds no valid key",
+            )),
             None => Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -66,7 +79,9 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        Arc::<ApiKeys>::from_ref(state).check(&parts.headers).map(|()| Authorized)
+        Arc::<ApiKeys>::from_ref(state)
+            .check(&parts.headers)
+            .map(|()| Authorized)
     }
 }
 
@@ -87,12 +102,15 @@ pub fn load_or_generate(data_dir: &Path) -> anyhow::Result<(String, PathBuf, boo
     let mut raw = [0u8; 32];
     getrandom::fill(&mut raw).map_err(|e| anyhow::anyhow!("no randomness for an API key: {e}"))?;
     let key: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::create_dir_all(data_dir).with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create the data directory {}", data_dir.display()))?;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options.open(&path).with_context(|| format!("cannot write the API key file {}", path.display()))?;
+    let mut file = options
+        .open(&path)
+        .with_context(|| format!("cannot write the API key file {}", path.display()))?;
     file.write_all(key.as_bytes())?;
     file.sync_all()?;
     Ok((key, path, true))

@@ -14,7 +14,11 @@ pub const MAX_BODY: usize = 64 * 1024;
 pub const MAX_REFERENCE: usize = 16 * 1024 * 1024;
 
 fn too_large(max: usize) -> ApiError {
-    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", format!("this request's body is limited to {max} bytes"))
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!("this request's body is limited to {max} bytes"),
+    )
 }
 
 /// The raw body, at most `MAX` bytes (the route must allow as much with `DefaultBodyLimit`).
@@ -26,14 +30,20 @@ impl<S: Send + Sync, const MAX: usize> FromRequest<S> for LimitedBody<MAX> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if declared.is_some_and(|n| n > MAX as u64) {
             return Err(too_large(MAX));
         }
-        Bytes::from_request(req, state).await.map(LimitedBody).map_err(|e| match e.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => too_large(MAX),
-            status => ApiError::new(status, "bad_request", e.body_text()),
-        })
+        Bytes::from_request(req, state)
+            .await
+            .map(LimitedBody)
+            .map_err(|e| match e.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => too_large(MAX),
+                status => ApiError::new(status, "bad_request", e.body_text()),
+            })
     }
 }
 
@@ -60,12 +70,21 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let path = e.path().to_string();
         let inner = e.into_inner();
         if path == "." || inner.is_syntax() || inner.is_eof() {
-            ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not valid JSON: {inner}"))
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                format!("the body is not valid JSON: {inner}"),
+            )
         } else {
             ApiError::new(StatusCode::BAD_REQUEST, "invalid_field", format!("{path}: {inner}"))
         }
     })?;
-    de.end()
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", format!("the body is not valid JSON: {e}")))?;
+    de.end().map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the body is not valid JSON: {e}"),
+        )
+    })?;
     Ok(value)
 }

@@ -3,7 +3,6 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -14,7 +13,11 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into() }
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -26,9 +29,22 @@ impl ApiError {
     }
 }
 
+/// Every error on the wire.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorBody<'a> {
+    /// A short code a program can match on, e.g. `invalid_field`, `gone`, `unauthorized`.
+    pub error: &'a str,
+    /// What was wrong, for a person.
+    pub message: &'a str,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(json!({ "error": self.code, "message": self.message }))).into_response()
+        let body = ErrorBody {
+            error: self.code,
+            message: &self.message,
+        };
+        (self.status, Json(body)).into_response()
     }
 }
 

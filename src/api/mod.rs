@@ -4,8 +4,11 @@ pub mod auth;
 pub mod body;
 pub mod error;
 pub mod export;
+pub mod openapi;
+pub mod sd;
 pub mod serve;
 pub mod services;
+pub mod watch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +27,43 @@ use error::ApiError;
 #[derive(Clone)]
 pub struct AppState {
     pub store: Arc<Store>,
+    /// Blocking queries: the bound and the shutdown that answers them.
+    pub watches: watch::Watches,
+    /// `--drift-reference`: the file `GET /services/drift` compares with, read on each request
+    /// so that an updated reference counts at once.
+    pub drift_reference: Option<std::path::PathBuf>,
+    /// `GET /ui`, rendered once at start.
+    pub ui: axum::body::Bytes,
+    /// `GET /metrics`.
+    pub metrics: Arc<crate::metrics::Exposition>,
     pub keys: Arc<ApiKeys>,
+    /// `--min-ttl` and `--max-ttl`: the leases a registration may ask for.
+    pub ttl_bounds: TtlBounds,
+}
+
+/// The range of a registration's own `ttl_ns`: a lease too short is dead before the answer
+/// arrives, one too long outlives any operator's idea of a dead registrant.
+#[derive(Clone, Copy, Debug)]
+pub struct TtlBounds {
+    pub min: Duration,
+    pub max: Duration,
+}
+
+impl TtlBounds {
+    /// `ttl_ns` of 0 or less means the default and is always allowed.
+    pub fn check(&self, ttl_ns: i64) -> Result<(), crate::registry::instance::FieldError> {
+        let (min, max) = (self.min.as_nanos() as i64, self.max.as_nanos() as i64);
+        if ttl_ns > 0 && !(min..=max).contains(&ttl_ns) {
+            return Err(crate::registry::instance::FieldError::new(
+                "ttl_ns",
+                format!(
+                    "must be 0 (the default lease) or between {min} ({:?}, --min-ttl) and {max} ({:?}, --max-ttl), got {ttl_ns}",
+                    self.min, self.max
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl FromRef<AppState> for Arc<ApiKeys> {
@@ -35,6 +74,16 @@ impl FromRef<AppState> for Arc<ApiKeys> {
 
 /// Answers 408 (as JSON) when a request, body included, takes longer than `limit`.
 async fn deadline(State(limit): State<Duration>, request: Request, next: Next) -> Response {
+    // A blocking query is held by design: its own `wait` bounds it, plus the usual limit.
+    let blocking = request
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|p| p.starts_with("index=")));
+    let limit = if blocking {
+        limit + watch::MAX_WAIT + watch::MAX_WAIT / 16
+    } else {
+        limit
+    };
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => ApiError::new(
@@ -56,25 +105,101 @@ async fn not_found(State(keys): State<Arc<ApiKeys>>, uri: Uri, headers: HeaderMa
 /// Known routes asked with another method: 405, or 401 under `/api/v1` without a key.
 async fn method_not_allowed(State(keys): State<Arc<ApiKeys>>, uri: Uri, headers: HeaderMap) -> ApiError {
     keys.check_path(uri.path(), &headers).err().unwrap_or_else(|| {
-        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "this route does not take that method")
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "this route does not take that method",
+        )
     })
+}
+
+/// Liveness with detail: `200` whenever the server listens (a full disk must not get it
+/// restarted), `status` `degraded` with the disk's state when commits fail.
+async fn healthz(State(app): State<AppState>) -> axum::Json<serde_json::Value> {
+    let disk = app.store.disk_status();
+    let status = if disk.state == "ok" { "ok" } else { "degraded" };
+    axum::Json(serde_json::json!({ "status": status, "disk": disk }))
+}
+
+/// `GET /metrics`: no key, like `/healthz`, so a Prometheus needs no secret to scrape.
+pub async fn metrics(State(exposition): State<Arc<crate::metrics::Exposition>>) -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        exposition.render(),
+    )
+        .into_response()
+}
+
+impl FromRef<AppState> for Arc<crate::metrics::Exposition> {
+    fn from_ref(app: &AppState) -> Self {
+        app.metrics.clone()
+    }
+}
+
+/// The status page: static HTML and script from the binary (no CDN), with the default lease
+/// written in so it can show the time left on leases of `ttl_ns` 0. It holds no data: the
+/// script asks the API with the key the operator types into its form.
+pub fn ui_page(default_ttl: Duration) -> axum::body::Bytes {
+    include_str!("ui.html")
+        .replace("__DEFAULT_TTL_NS__", &default_ttl.as_nanos().to_string())
+        .into()
+}
+
+async fn ui(State(app): State<AppState>) -> Response {
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            // Nothing from elsewhere, and never inside another site's frame.
+            (
+                axum::http::header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; frame-ancestors 'none'",
+            ),
+        ],
+        app.ui.clone(),
+    )
+        .into_response()
+}
+
+/// Counts every request by its route pattern, method and status, with its latency.
+async fn count(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = request.method().clone();
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    crate::metrics::http_request(&route, method.as_str(), response.status().as_u16(), started.elapsed());
+    response
 }
 
 /// Every route. Those under `/api/v1` take [`auth::Authorized`] first; the fallbacks check
 /// the key themselves.
-pub fn router(state: AppState, request_timeout: Duration) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { axum::Json(serde_json::json!({ "status": "ok" })) }))
+/// `/metrics` is among them unless `--metrics-listen` gave it an address of its own.
+pub fn router(state: AppState, request_timeout: Duration, with_metrics: bool) -> Router {
+    let mut router = Router::new().route("/healthz", get(healthz)).route("/ui", get(ui));
+    if with_metrics {
+        router = router.route("/metrics", get(metrics));
+    }
+    router
         .route("/api/v1/services", get(services::list))
         .route("/api/v1/services/register", post(services::register))
         .route("/api/v1/services/heartbeat", post(services::heartbeat))
         .route("/api/v1/services/deregister", post(services::deregister))
         .route("/api/v1/services/export", get(export::export))
-        .route("/api/v1/services/drift", post(export::drift).layer(DefaultBodyLimit::max(body::MAX_REFERENCE)))
+        .route(
+            "/api/v1/services/drift",
+            get(export::drift_configured)
+                .post(export::drift)
+                .layer(DefaultBodyLimit::max(body::MAX_REFERENCE)),
+        )
         .route("/api/v1/routes", get(export::routes))
+        .route("/api/v1/sd/prometheus", get(sd::prometheus))
+        .route("/api/v1/openapi.json", get(openapi::openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY))
         .layer(axum::middleware::from_fn_with_state(request_timeout, deadline))
+        .route_layer(axum::middleware::from_fn(count))
         .with_state(state)
 }

@@ -6,97 +6,203 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 
 use super::AppState;
 use super::auth::Authorized;
 use super::body::JsonBody;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
+use super::watch::{WatchParams, index_header};
+use crate::metrics;
 use crate::registry::Filter;
 use crate::registry::instance::{Instance, Registration};
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RegisterResponse {
+    #[schema(value_type = String)]
     pub id: CompactString,
     pub created: bool,
 }
 
 /// `{"id": …}`, the body of heartbeat and deregister.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 pub struct IdBody {
     id: Option<String>,
 }
 
 impl IdBody {
     fn id(self) -> Result<String, ApiError> {
-        self.id.filter(|id| !id.is_empty()).ok_or_else(|| ApiError::from(crate::registry::instance::FieldError::new("id", "is required")))
+        self.id
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| ApiError::from(crate::registry::instance::FieldError::new("id", "is required")))
     }
 }
 
 /// R2: upsert; `created` only on the first registration of a live id.
-pub async fn register(_: Authorized, State(app): State<AppState>, JsonBody(body): JsonBody<Registration>) -> Result<Json<RegisterResponse>, ApiError> {
+#[utoipa::path(post, path = "/api/v1/services/register", tag = "services", request_body = Registration,
+    responses(
+        (status = 200, description = "registered (or refreshed), durable", body = RegisterResponse),
+        (status = 401, description = "no valid key", body = ErrorBody),
+        (status = 408, description = "the request took longer than the request timeout", body = ErrorBody),
+        (status = 400, description = "a field is missing or invalid; the message names it", body = ErrorBody),
+        (status = 413, description = "the body is over 64 KiB", body = ErrorBody),
+        (status = 503, description = "the store cannot take the change; nothing was changed", body = ErrorBody),
+        (status = 507, description = "the registry holds --max-instances", body = ErrorBody)
+    ))]
+pub async fn register(
+    _: Authorized,
+    State(app): State<AppState>,
+    JsonBody(body): JsonBody<Registration>,
+) -> Result<Json<RegisterResponse>, ApiError> {
+    let result = upsert(app, body).await;
+    match &result {
+        Ok(r) => metrics::registration(if r.created { "created" } else { "refreshed" }, ""),
+        Err(e) => metrics::registration("refused", e.code),
+    }
+    result
+}
+
+async fn upsert(app: AppState, body: Registration) -> Result<Json<RegisterResponse>, ApiError> {
     let spec = body.validate()?;
+    app.ttl_bounds.check(spec.ttl_ns)?;
     // Run to completion even if the client goes away: a change is committed or undone whole.
     let store = app.store.clone();
-    let registered = tokio::spawn(async move { store.register(spec).await }).await.expect("register does not panic")?;
-    Ok(Json(RegisterResponse { id: registered.instance.id, created: registered.created }))
+    let registered = tokio::spawn(async move { store.register(spec).await })
+        .await
+        .expect("register does not panic")?;
+    Ok(Json(RegisterResponse {
+        id: registered.instance.id,
+        created: registered.created,
+    }))
 }
 
 /// R3: renews the lease; 410 once it has run out, so the registrant re-registers. Answers
 /// with the instance, serialised as it is renewed.
-pub async fn heartbeat(_: Authorized, State(app): State<AppState>, JsonBody(body): JsonBody<IdBody>) -> Result<Response, ApiError> {
+#[utoipa::path(post, path = "/api/v1/services/heartbeat", tag = "services", request_body = IdBody,
+    responses(
+        (status = 200, description = "the lease is renewed; the instance as stored", body = Instance),
+        (status = 401, description = "no valid key", body = ErrorBody),
+        (status = 408, description = "the request took longer than the request timeout", body = ErrorBody),
+        (status = 400, description = "no id", body = ErrorBody),
+        (status = 410, description = "unknown, or its lease has run out: register again", body = ErrorBody),
+        (status = 413, description = "the body is over 64 KiB", body = ErrorBody)
+    ))]
+pub async fn heartbeat(
+    _: Authorized,
+    State(app): State<AppState>,
+    JsonBody(body): JsonBody<IdBody>,
+) -> Result<Response, ApiError> {
     let id = body.id()?;
-    let json = app.store.heartbeat(&id, |instance| serde_json::to_vec(instance).expect("instances serialise"));
+    let json = app.store.heartbeat(&id, |instance| {
+        serde_json::to_vec(instance).expect("instances serialise")
+    });
+    metrics::heartbeat(if json.is_some() { "ok" } else { "gone" });
     let json = json.ok_or_else(|| {
-        ApiError::new(StatusCode::GONE, "gone", format!("instance {id:?} is unknown or its lease has run out; register it again"))
+        ApiError::new(
+            StatusCode::GONE,
+            "gone",
+            format!("instance {id:?} is unknown or its lease has run out; register it again"),
+        )
     })?;
     Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
 }
 
 /// R4: removes at once; 404 when unknown.
-pub async fn deregister(_: Authorized, State(app): State<AppState>, JsonBody(body): JsonBody<IdBody>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(post, path = "/api/v1/services/deregister", tag = "services", request_body = IdBody,
+    responses(
+        (status = 200, description = "removed", body = Deregistered),
+        (status = 401, description = "no valid key", body = ErrorBody),
+        (status = 408, description = "the request took longer than the request timeout", body = ErrorBody),
+        (status = 400, description = "no id", body = ErrorBody),
+        (status = 404, description = "not registered", body = ErrorBody),
+        (status = 413, description = "the body is over 64 KiB", body = ErrorBody),
+        (status = 503, description = "the store cannot take the change", body = ErrorBody)
+    ))]
+pub async fn deregister(
+    _: Authorized,
+    State(app): State<AppState>,
+    JsonBody(body): JsonBody<IdBody>,
+) -> Result<Json<Deregistered>, ApiError> {
     let id = body.id()?;
     let (store, key) = (app.store.clone(), id.clone());
-    if tokio::spawn(async move { store.deregister(&key).await }).await.expect("deregister does not panic")? {
-        Ok(Json(json!({ "id": id, "deregistered": true })))
+    let removed = tokio::spawn(async move { store.deregister(&key).await })
+        .await
+        .expect("deregister does not panic");
+    metrics::deregistration(match removed {
+        Ok(true) => "ok",
+        Ok(false) => "not_found",
+        Err(_) => "unavailable",
+    });
+    if removed? {
+        Ok(Json(Deregistered { id, deregistered: true }))
     } else {
         Err(ApiError::not_found(format!("instance {id:?} is not registered")))
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListParams {
-    detail: Option<String>,
-    healthy_only: Option<String>,
-    name: Option<String>,
+    /// `1` or `true`: full instances instead of names.
+    pub(super) detail: Option<String>,
+    /// `1` or `true`: healthy instances only (and names that have one).
+    pub(super) healthy_only: Option<String>,
+    /// One service.
+    pub(super) name: Option<String>,
 }
 
-fn flag(name: &str, value: Option<&str>) -> Result<bool, ApiError> {
+/// The answer of a deregistration.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Deregistered {
+    pub id: String,
+    pub deregistered: bool,
+}
+
+pub(super) fn flag(name: &str, value: Option<&str>) -> Result<bool, ApiError> {
     match value.map(str::to_ascii_lowercase).as_deref() {
         None | Some("") | Some("0") | Some("false") | Some("no") => Ok(false),
         Some("1") | Some("true") | Some("yes") => Ok(true),
-        Some(other) => Err(ApiError::bad_request(format!("?{name}={other} is not a boolean; use 1 or 0"))),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "?{name}={other} is not a boolean; use 1 or 0"
+        ))),
     }
 }
 
 /// R7: service names, or with `?detail=1` full instances; `?healthy_only=1`, `?name=`.
-pub async fn list(_: Authorized, State(app): State<AppState>, params: Result<Query<ListParams>, QueryRejection>) -> Result<Json<Listing>, ApiError> {
+#[utoipa::path(get, path = "/api/v1/services", tag = "services", params(ListParams, WatchParams),
+    responses(
+        (status = 200, description = "service names, or with detail=1 the instances", body = Listing,
+            headers(("X-Koder-Index" = u64, description = "the revision this answer shows; send it back as ?index= to wait for the next change"))),
+        (status = 429, description = "--watch-max blocking queries are held already", body = ErrorBody),
+        (status = 401, description = "no valid key", body = ErrorBody),
+        (status = 408, description = "the request took longer than the request timeout", body = ErrorBody),
+        (status = 400, description = "a parameter does not parse", body = ErrorBody)
+    ))]
+pub async fn list(
+    _: Authorized,
+    State(app): State<AppState>,
+    params: Result<Query<ListParams>, QueryRejection>,
+    watch: Result<Query<WatchParams>, QueryRejection>,
+) -> Result<Response, ApiError> {
     let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let Query(watch) = watch.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let revision = app.watches.wait(&app.store.registry, &watch).await?;
     let filter = Filter {
         name: params.name.filter(|n| !n.is_empty()).map(|n| n.to_ascii_lowercase()),
         healthy_only: flag("healthy_only", params.healthy_only.as_deref())?,
+        confirmed_only: false,
     };
     let registry = &app.store.registry;
     // Serialised straight from the structs: a JSON value tree of 100k instances would cost
     // several hundred megabytes on the way out.
-    Ok(if flag("detail", params.detail.as_deref())? {
-        Json(Listing::Instances(registry.list(&filter)))
+    let listing = if flag("detail", params.detail.as_deref())? {
+        Listing::Instances(registry.list(&filter))
     } else {
-        Json(Listing::Services(registry.service_names(&filter)))
-    })
+        Listing::Services(registry.service_names(&filter))
+    };
+    Ok(([index_header(revision)], Json(listing)).into_response())
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Listing {
     Instances(Vec<Instance>),

@@ -18,7 +18,10 @@ use crate::registry::view::{Member, ServiceView};
 #[derive(Debug, PartialEq)]
 pub enum Answer {
     /// NOERROR with records.
-    Records { answers: Vec<Record>, additionals: Vec<Record> },
+    Records {
+        answers: Vec<Record>,
+        additionals: Vec<Record>,
+    },
     /// The name exists but has nothing of the asked type: NOERROR, SOA in authority.
     NoData,
     /// The name does not exist: NXDOMAIN, SOA in authority.
@@ -34,17 +37,24 @@ pub struct ZoneAnswerer {
     pub ns_address: IpAddr,
 }
 
-/// TTL of infrastructure records (NS and the address of `ns.`), which do not churn.
+/// TTL of records that do not churn: NS, the address of `ns.`, and `<hex>.addr` addresses
+/// (in answers and additional sections alike).
 const NS_TTL: u32 = 3600;
 
 /// RFC 8482: one small synthesised record instead of every RRset at the name.
 fn minimal_any(owner: &Name) -> Answer {
     let hinfo = RData::HINFO(HINFO::new("RFC8482".into(), String::new()));
-    Answer::Records { answers: vec![Record::from_rdata(owner.clone(), 0, hinfo)], additionals: vec![] }
+    Answer::Records {
+        answers: vec![Record::from_rdata(owner.clone(), 0, hinfo)],
+        additionals: vec![],
+    }
 }
 
 fn records(owner: &Name, ttl: u32, rdatas: impl IntoIterator<Item = RData>) -> Vec<Record> {
-    rdatas.into_iter().map(|rd| Record::from_rdata(owner.clone(), ttl, rd)).collect()
+    rdatas
+        .into_iter()
+        .map(|rd| Record::from_rdata(owner.clone(), ttl, rd))
+        .collect()
 }
 
 impl ZoneAnswerer {
@@ -62,7 +72,11 @@ impl ZoneAnswerer {
                 },
                 RecordType::NS => Answer::Records {
                     answers: vec![Record::from_rdata(owner.clone(), NS_TTL, zone.ns_record(NS_TTL).data)],
-                    additionals: vec![Record::from_rdata(zone.ns.clone(), NS_TTL, address_rdata(self.ns_address))],
+                    additionals: vec![Record::from_rdata(
+                        zone.ns.clone(),
+                        NS_TTL,
+                        address_rdata(self.ns_address),
+                    )],
                 },
                 RecordType::ANY => minimal_any(owner),
                 _ => Answer::NoData,
@@ -114,7 +128,10 @@ impl ZoneAnswerer {
     }
 
     fn address_answer(&self, owner: &Name, ip: IpAddr) -> Answer {
-        Answer::Records { answers: vec![Record::from_rdata(owner.clone(), NS_TTL, address_rdata(ip))], additionals: vec![] }
+        Answer::Records {
+            answers: vec![Record::from_rdata(owner.clone(), NS_TTL, address_rdata(ip))],
+            additionals: vec![],
+        }
     }
 
     /// The members of `view` that DNS may hand out for `protocol` (any when `None`), in view
@@ -138,7 +155,14 @@ impl ZoneAnswerer {
         members
     }
 
-    fn service_answer(&self, service: &[u8], protocol: Option<&[u8]>, owner: &Name, qtype: RecordType, now: Nanos) -> Answer {
+    fn service_answer(
+        &self,
+        service: &[u8],
+        protocol: Option<&[u8]>,
+        owner: &Name,
+        qtype: RecordType,
+        now: Nanos,
+    ) -> Answer {
         let Some(view) = std::str::from_utf8(service).ok().and_then(|s| self.registry.view(s)) else {
             return Answer::NxDomain;
         };
@@ -156,20 +180,29 @@ impl ZoneAnswerer {
     /// `qname` is a service name with instances that DNS may hand out (a NODATA answer is
     /// prepared too, without records). Everything else takes [`Self::answer`].
     pub fn prepared<R>(&self, qname: &LowerName, qtype: RecordType, f: impl FnOnce(&Prepared) -> R) -> Option<R> {
-        if !matches!(qtype, RecordType::SRV | RecordType::A | RecordType::AAAA | RecordType::TXT) {
+        if !matches!(
+            qtype,
+            RecordType::SRV | RecordType::A | RecordType::AAAA | RecordType::TXT
+        ) {
             return None;
         }
         let mut labels = qname.iter();
         let (service, protocol) = match self.registry.zone().depth(qname) {
             1 => (labels.next()?, None),
-            2 => (labels.next()?.strip_prefix(b"_")?, Some(labels.next()?.strip_prefix(b"_")?)),
+            2 => (
+                labels.next()?.strip_prefix(b"_")?,
+                Some(labels.next()?.strip_prefix(b"_")?),
+            ),
             _ => return None,
         };
         // Service names are single labels that cannot be `ns` or `addr` or start with `_`,
         // so a view found here is exactly a `[service]` or `[_service, _protocol]` name.
         let service = std::str::from_utf8(service).ok()?;
         let now = self.registry.now();
-        let f = match self.registry.with_view(service, |view| view.prepared.current(qtype, protocol, now, f))? {
+        let f = match self
+            .registry
+            .with_view(service, |view| view.prepared.current(qtype, protocol, now, f))?
+        {
             Ok(answered) => return Some(answered),
             Err(f) => f,
         };
@@ -180,7 +213,14 @@ impl ZoneAnswerer {
         Some(f(&prepared))
     }
 
-    fn prepare(&self, view: &ServiceView, qname: &LowerName, qtype: RecordType, protocol: Option<&[u8]>, now: Nanos) -> Option<Prepared> {
+    fn prepare(
+        &self,
+        view: &ServiceView,
+        qname: &LowerName,
+        qtype: RecordType,
+        protocol: Option<&[u8]>,
+        now: Nanos,
+    ) -> Option<Prepared> {
         let members = self.answerable(view, protocol, now);
         if members.is_empty() {
             return None;
@@ -188,11 +228,21 @@ impl ZoneAnswerer {
         let owner = Name::from(qname);
         let earliest = earliest(&members);
         let ttl = Lease::ttl_at(earliest, now, self.dns_ttl);
-        let (answers, additionals) = match service_records(self.registry.zone(), &members, &owner, qtype, protocol.is_some(), ttl) {
-            Answer::Records { answers, additionals } => (answers, additionals),
-            _ => Default::default(),
-        };
-        Prepared::encode(Asked { owner, qtype, ttl, earliest }, &answers, &additionals)
+        let (answers, additionals) =
+            match service_records(self.registry.zone(), &members, &owner, qtype, protocol.is_some(), ttl) {
+                Answer::Records { answers, additionals } => (answers, additionals),
+                _ => Default::default(),
+            };
+        Prepared::encode(
+            Asked {
+                owner,
+                qtype,
+                ttl,
+                earliest,
+            },
+            &answers,
+            &additionals,
+        )
     }
 }
 
@@ -203,16 +253,24 @@ fn earliest(members: &[Arc<Member>]) -> Nanos {
 
 /// The records answering `qtype` at a service name from `members`, in their order:
 /// `srv_name` tells `_<name>._<protocol>` from `<name>`.
-fn service_records(zone: &ZoneNames, members: &[Arc<Member>], owner: &Name, qtype: RecordType, srv_name: bool, ttl: u32) -> Answer {
+fn service_records(
+    zone: &ZoneNames,
+    members: &[Arc<Member>],
+    owner: &Name,
+    qtype: RecordType,
+    srv_name: bool,
+    ttl: u32,
+) -> Answer {
     let answers = match (qtype, srv_name) {
         (RecordType::SRV, true) => {
-            // An IP target's address goes to the additional section, once per address.
+            // An IP target's address goes to the additional section, once per address, with
+            // the TTL it has when asked directly: the name encodes it, so it never changes.
             let mut seen = HashSet::new();
             let mut additionals = Vec::new();
             let srvs = members.iter().map(|m| {
                 let target = m.records.target_name(zone);
                 if let Some(ip) = m.records.ip().filter(|ip| seen.insert(*ip)) {
-                    additionals.push(Record::from_rdata(target.clone(), ttl, address_rdata(ip)));
+                    additionals.push(Record::from_rdata(target.clone(), NS_TTL, address_rdata(ip)));
                 }
                 m.records.srv(target)
             });
@@ -232,5 +290,12 @@ fn service_records(zone: &ZoneNames, members: &[Arc<Member>], owner: &Name, qtyp
         (RecordType::ANY, _) => return minimal_any(owner),
         _ => Vec::new(),
     };
-    if answers.is_empty() { Answer::NoData } else { Answer::Records { answers, additionals: vec![] } }
+    if answers.is_empty() {
+        Answer::NoData
+    } else {
+        Answer::Records {
+            answers,
+            additionals: vec![],
+        }
+    }
 }

@@ -76,9 +76,19 @@ impl<'a> Question<'a> {
         }
         let edns = match counts.additionals {
             0 => None,
-            _ => Some(Record::read(&mut decoder).ok().filter(|r| r.record_type() == RecordType::OPT).map(|r| Edns::from(&r))?),
+            _ => Some(
+                Record::read(&mut decoder)
+                    .ok()
+                    .filter(|r| r.record_type() == RecordType::OPT)
+                    .map(|r| Edns::from(&r))?,
+            ),
         };
-        Some(Self { metadata, query, raw, edns })
+        Some(Self {
+            metadata,
+            query,
+            raw,
+            edns,
+        })
     }
 }
 
@@ -100,31 +110,68 @@ pub fn handle_prepared(authority: &Authority, message: &[u8], protocol: Protocol
 /// Answers one raw DNS message the way the servers do: responses (QR=1) get no reply,
 /// undecodable messages with an id get FORMERR, others whatever the authority says.
 /// Returns whether there is a reply, which is then in `out`.
-pub async fn handle_bytes(authority: &Authority, message: &[u8], src: SocketAddr, protocol: Protocol, out: &mut Vec<u8>) -> bool {
+pub async fn handle_bytes(
+    authority: &Authority,
+    message: &[u8],
+    src: SocketAddr,
+    protocol: Protocol,
+    out: &mut Vec<u8>,
+) -> bool {
     handle_prepared(authority, message, protocol, out) || handle_full(authority, message, src, protocol, out).await
 }
 
 /// [`handle_bytes`] without the fast path: the whole request parsed and answered through
 /// hickory's handler types.
-pub async fn handle_full(authority: &Authority, message: &[u8], src: SocketAddr, protocol: Protocol, out: &mut Vec<u8>) -> bool {
-    let [a, b, ..] = *message else { return false };
-    let formerr = |out: &mut Vec<u8>| match Message::error_msg(u16::from_be_bytes([a, b]), OpCode::Query, ResponseCode::FormErr).to_vec() {
-        Ok(bytes) => {
-            *out = bytes;
-            true
+pub async fn handle_full(
+    authority: &Authority,
+    message: &[u8],
+    src: SocketAddr,
+    protocol: Protocol,
+    out: &mut Vec<u8>,
+) -> bool {
+    // Shorter than a header: no reply, as NSD does, so that junk is not answered in kind.
+    let [a, b, flags, _, _, _, _, _, _, _, _, _, ..] = *message else {
+        return false;
+    };
+    let formerr = |out: &mut Vec<u8>| {
+        let mut reply = Message::error_msg(u16::from_be_bytes([a, b]), OpCode::Query, ResponseCode::FormErr);
+        // RD is copied into every response (RFC 1035 §4.1.1), as NSD and Knot do here too.
+        reply.metadata.recursion_desired = flags & 1 == 1;
+        match reply.to_vec() {
+            Ok(bytes) => {
+                *out = bytes;
+                true
+            }
+            Err(_) => false,
         }
-        Err(_) => false,
     };
     match Request::from_bytes(message.to_vec(), src, protocol) {
         Ok(request) if request.metadata.message_type == MessageType::Response => false,
-        Ok(request) if request.queries.as_bytes().len() != request.queries.queries().iter().map(|q| written_out(q.name().iter()) + 4).sum::<usize>() => {
+        Ok(request)
+            if request.queries.as_bytes().len()
+                != request
+                    .queries
+                    .queries()
+                    .iter()
+                    .map(|q| written_out(q.name().iter()) + 4)
+                    .sum::<usize>() =>
+        {
             formerr(out)
         }
         Ok(request) => {
-            let limit = response_limit(request.protocol(), request.edns.as_ref()) as u16;
-            let reply = Reply { limit, bytes: Arc::default() };
+            let limit = response_limit(
+                request.protocol(),
+                request.edns.as_ref(),
+                authority.0.wire.udp_max_payload,
+            ) as u16;
+            let reply = Reply {
+                limit,
+                bytes: Arc::default(),
+            };
             authority.handle_request::<_, TokioTime>(&request, reply.clone()).await;
-            let Some(bytes) = reply.bytes.lock().take() else { return false };
+            let Some(bytes) = reply.bytes.lock().take() else {
+                return false;
+            };
             *out = bytes;
             true
         }

@@ -9,8 +9,8 @@
 //! is a valid message. A response is the request's own header fields and question (the
 //! prepared one up to letter case, so every pointer into it stays valid and the answers
 //! echo the client's case), the answers starting at a random one (the order rotates from
-//! response to response), the additional records, and an OPT record for EDNS clients; cut,
-//! with TC, where the client's buffer ends.
+//! response to response), the additional records that fit, and an OPT record for EDNS
+//! clients; when the answers do not all fit the client's buffer, TC and no records at all.
 //!
 //! A prepared answer is kept in the view it was built from, so a change to the service
 //! (registration, removal, health flip, a lease moved earlier) drops it with the view.
@@ -21,7 +21,7 @@
 //! Negative answers (NXDOMAIN, NODATA) carry the zone's SOA, which changes with the serial
 //! rather than with a view: [`SoaTail`] keeps it encoded for the current serial.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 use compact_str::CompactString;
@@ -31,27 +31,45 @@ use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
 
 use crate::registry::clock::{Nanos, SECOND};
 
-/// The OPT record of every EDNS response, encoded.
-static OPT: LazyLock<Vec<u8>> = LazyLock::new(|| {
-    let mut bytes = Vec::new();
-    super::response_edns().emit(&mut BinEncoder::new(&mut bytes)).expect("an OPT record encodes");
-    bytes
-});
+/// The OPT record of a response to an EDNS request: what we accept over UDP
+/// (`--dns-udp-max-payload`), and the request's DO bit copied (RFC 3225 §3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Opt {
+    pub max_payload: u16,
+    pub dnssec_ok: bool,
+}
+
+impl Opt {
+    /// The record written out: root owner, type OPT, the payload as class, extended
+    /// RCODE 0, version 0, the DO flag, no options.
+    fn bytes(self) -> [u8; OPT_LEN] {
+        let [p0, p1] = self.max_payload.to_be_bytes();
+        let flags = if self.dnssec_ok { 0x80 } else { 0 };
+        [0, 0, 41, p0, p1, 0, 0, flags, 0, 0, 0]
+    }
+}
+
+/// The size of an OPT record without options.
+const OPT_LEN: usize = 11;
 
 /// The bytes the OPT record adds to a response: its length for EDNS requests, else none.
-pub fn opt_len(edns: bool) -> usize {
-    if edns { OPT.len() } else { 0 }
+fn opt_len(edns: Option<Opt>) -> usize {
+    if edns.is_some() { OPT_LEN } else { 0 }
 }
 
 /// `out` holds a response with room for the header and the question at its start: writes
 /// them for `metadata` and `counts`, and appends the OPT record when `edns`.
-fn finish(out: &mut Vec<u8>, metadata: Metadata, mut counts: HeaderCounts, question: &[u8], edns: bool) -> bool {
+fn finish(out: &mut Vec<u8>, metadata: Metadata, mut counts: HeaderCounts, question: &[u8], edns: Option<Opt>) -> bool {
     let end = out.len();
-    counts.additionals += edns as u16;
+    counts.additionals += edns.is_some() as u16;
     let mut encoder = BinEncoder::new(out);
-    let written = Header { metadata, counts }.emit(&mut encoder).and_then(|()| encoder.emit_vec(question));
+    let written = Header { metadata, counts }
+        .emit(&mut encoder)
+        .and_then(|()| encoder.emit_vec(question));
     encoder.set_offset(end);
-    written.and_then(|()| if edns { encoder.emit_vec(&OPT) } else { Ok(()) }).is_ok()
+    written
+        .and_then(|()| edns.map_or(Ok(()), |opt| encoder.emit_vec(&opt.bytes())))
+        .is_ok()
 }
 
 /// The header of an authoritative response to a request with `request` metadata.
@@ -93,14 +111,26 @@ fn encode_record(query: &Query, record: &Record) -> Option<Box<[u8]>> {
 #[cfg(debug_assertions)]
 fn position_independent(query: &Query, encoded: &[u8], record: &Record) -> bool {
     use hickory_proto::op::{Message, MessageType, OpCode};
-    let filler = Record::from_rdata(Name::root(), 0, hickory_proto::rr::RData::A(std::net::Ipv4Addr::UNSPECIFIED.into()));
+    let filler = Record::from_rdata(
+        Name::root(),
+        0,
+        hickory_proto::rr::RData::A(std::net::Ipv4Addr::UNSPECIFIED.into()),
+    );
     let mut bytes = Vec::new();
     let mut encoder = BinEncoder::new(&mut bytes);
     let header = Header {
         metadata: Metadata::new(0, MessageType::Response, OpCode::Query),
-        counts: HeaderCounts { queries: 1, answers: 2, authorities: 0, additionals: 0 },
+        counts: HeaderCounts {
+            queries: 1,
+            answers: 2,
+            authorities: 0,
+            additionals: 0,
+        },
     };
-    let written = header.emit(&mut encoder).and_then(|()| query.emit(&mut encoder)).and_then(|()| filler.emit(&mut encoder));
+    let written = header
+        .emit(&mut encoder)
+        .and_then(|()| query.emit(&mut encoder))
+        .and_then(|()| filler.emit(&mut encoder));
     written.is_ok() && {
         bytes.extend_from_slice(encoded);
         Message::from_vec(&bytes).is_ok_and(|m| m.answers.get(1) == Some(record))
@@ -136,19 +166,32 @@ impl Prepared {
     /// Encodes every record with hickory. `owner` must be lower case: queries match it up to
     /// case. `None` when a record does not encode.
     pub fn encode(asked: Asked, answers: &[Record], additionals: &[Record]) -> Option<Self> {
-        let Asked { owner, qtype, ttl, earliest } = asked;
+        let Asked {
+            owner,
+            qtype,
+            ttl,
+            earliest,
+        } = asked;
         let query = Query::query(owner, qtype);
         let mut bytes = query.to_bytes().ok()?;
         let mut ends = vec![bytes.len() as u32];
         for record in answers.iter().chain(additionals) {
             let encoded = encode_record(&query, record)?;
             #[cfg(debug_assertions)]
-            assert!(position_independent(&query, &encoded, record), "{record} compresses against more than the question");
+            assert!(
+                position_independent(&query, &encoded, record),
+                "{record} compresses against more than the question"
+            );
             bytes.extend_from_slice(&encoded);
             ends.push(u32::try_from(bytes.len()).ok()?);
         }
         let expires = earliest.saturating_sub(ttl as Nanos * SECOND);
-        Some(Self { bytes: bytes.into(), ends: ends.into(), answers: answers.len() as u32, expires })
+        Some(Self {
+            bytes: bytes.into(),
+            ends: ends.into(),
+            answers: answers.len() as u32,
+            expires,
+        })
     }
 
     /// Whether the name has nothing of this type: a NODATA answer, which carries the SOA.
@@ -157,10 +200,17 @@ impl Prepared {
     }
 
     /// Writes the response to a request with `metadata` and `question` (its raw bytes) into
-    /// `out`: within `limit` bytes, the answers from a random one on (as many as fit), and
-    /// the additional records that fit once every answer does; TC when anything is left out.
+    /// `out`: within `limit` bytes, every answer from a random one on and the additional
+    /// records that fit (left out without TC); when not every answer fits, TC and no records.
     /// False, with `out` unspecified, when the question is not the prepared one up to case.
-    pub fn write(&self, metadata: &Metadata, question: &[u8], edns: bool, limit: usize, out: &mut Vec<u8>) -> bool {
+    pub fn write(
+        &self,
+        metadata: &Metadata,
+        question: &[u8],
+        edns: Option<Opt>,
+        limit: usize,
+        out: &mut Vec<u8>,
+    ) -> bool {
         let ends = &self.ends;
         if !question.eq_ignore_ascii_case(&self.bytes[..ends[0] as usize]) {
             return false;
@@ -179,11 +229,24 @@ impl Prepared {
         };
         let (n, all) = (self.answers as usize, ends.len() - 1);
         let first = if n > 1 { fastrand::usize(..n) } else { 0 };
-        let answers = (first..n).chain(0..first).take_while(|&i| take(i)).count();
-        let additionals = if answers == n { (n..all).take_while(|&i| take(i)).count() } else { 0 };
+        let mut answers = (first..n).chain(0..first).take_while(|&i| take(i)).count();
         let mut response = authoritative(metadata, ResponseCode::NoError);
-        response.truncation = answers + additionals < all;
-        let counts = HeaderCounts { queries: 1, answers: answers as u16, authorities: 0, additionals: additionals as u16 };
+        let additionals = if answers == n {
+            (n..all).take_while(|&i| take(i)).count()
+        } else {
+            // Never a partial RRset: TC and an empty answer, so that the client retries
+            // over TCP rather than take a part for the whole (RFC 2181 §9).
+            out.truncate(12 + question.len());
+            response.truncation = true;
+            answers = 0;
+            0
+        };
+        let counts = HeaderCounts {
+            queries: 1,
+            answers: answers as u16,
+            authorities: 0,
+            additionals: additionals as u16,
+        };
         finish(out, response, counts, question, edns)
     }
 }
@@ -196,9 +259,18 @@ pub struct PreparedAnswers(ArcSwapOption<Vec<(Key, Arc<Prepared>)>>);
 impl PreparedAnswers {
     /// `f` on the prepared answer for `qtype` (and `protocol`) if one has not expired at
     /// `now`; `f` back if not.
-    pub fn current<R, F: FnOnce(&Prepared) -> R>(&self, qtype: RecordType, protocol: Option<&[u8]>, now: Nanos, f: F) -> Result<R, F> {
+    pub fn current<R, F: FnOnce(&Prepared) -> R>(
+        &self,
+        qtype: RecordType,
+        protocol: Option<&[u8]>,
+        now: Nanos,
+        f: F,
+    ) -> Result<R, F> {
         let answers = self.0.load();
-        match answers.as_deref().and_then(|a| a.iter().find(|(key, _)| key.is(qtype, protocol))) {
+        match answers
+            .as_deref()
+            .and_then(|a| a.iter().find(|(key, _)| key.is(qtype, protocol)))
+        {
             Some((_, prepared)) if now < prepared.expires => Ok(f(prepared)),
             _ => Err(f),
         }
@@ -206,7 +278,10 @@ impl PreparedAnswers {
 
     /// Keeps `prepared` for the next queries, in place of any older one.
     pub fn keep(&self, qtype: RecordType, protocol: Option<&[u8]>, prepared: Arc<Prepared>) {
-        let key = Key { qtype, protocol: protocol.map(|p| String::from_utf8_lossy(p).into()) };
+        let key = Key {
+            qtype,
+            protocol: protocol.map(|p| String::from_utf8_lossy(p).into()),
+        };
         self.0.rcu(|answers| {
             let mut answers: Vec<_> = answers.as_deref().cloned().unwrap_or_default();
             match answers.iter_mut().find(|(k, _)| *k == key) {
@@ -236,7 +311,7 @@ impl SoaTail {
         metadata: &Metadata,
         code: ResponseCode,
         question: &[u8],
-        edns: bool,
+        edns: Option<Opt>,
         limit: usize,
         out: &mut Vec<u8>,
     ) -> bool {
@@ -262,7 +337,12 @@ impl SoaTail {
         out.clear();
         out.resize(12 + question.len(), 0);
         out.extend_from_slice(tail);
-        let counts = HeaderCounts { queries: 1, answers: 0, authorities: 1, additionals: 0 };
+        let counts = HeaderCounts {
+            queries: 1,
+            answers: 0,
+            authorities: 1,
+            additionals: 0,
+        };
         finish(out, authoritative(metadata, code), counts, question, edns)
     }
 }

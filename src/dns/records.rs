@@ -4,8 +4,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use hickory_proto::rr::rdata::{A, AAAA, NS, SOA, SRV, TXT};
 use hickory_proto::rr::domain::Label;
+use hickory_proto::rr::rdata::{A, AAAA, NS, SOA, SRV, TXT};
 use hickory_proto::rr::{LowerName, Name, RData, Record};
 
 use crate::registry::instance::{Address, Instance, Metadata};
@@ -31,13 +31,23 @@ impl ZoneNames {
         if origin.is_root() {
             return Err("the service zone cannot be the root".into());
         }
-        let child = |label: &str| Name::from_str(label).and_then(|l| l.append_domain(&origin)).map_err(|e| e.to_string());
+        let child = |label: &str| {
+            Name::from_str(label)
+                .and_then(|l| l.append_domain(&origin))
+                .map_err(|e| e.to_string())
+        };
         let addr = child("addr")?;
         // The longest name the zone serves: an IPv6 target's <32 hex digits>.addr.<origin>.
         Label::from_raw_bytes(&[b'0'; 32]).and_then(|l| addr.prepend_label(l)).map_err(|_| {
             format!("{domain:?} is too long: <32 hex digits>.addr.{domain} would exceed 255 bytes; choose a shorter --domain")
         })?;
-        Ok(Self { origin_lower: LowerName::new(&origin), addr, ns: child("ns")?, hostmaster: child("hostmaster")?, origin })
+        Ok(Self {
+            origin_lower: LowerName::new(&origin),
+            addr,
+            ns: child("ns")?,
+            hostmaster: child("hostmaster")?,
+            origin,
+        })
     }
 
     /// How many labels `name` (inside the zone) has below the origin; a `*` label counts.
@@ -57,11 +67,21 @@ impl ZoneNames {
             *digit = b"0123456789abcdef"[(value >> (4 * (digits - 1 - i)) & 0xf) as usize];
         }
         let label = Label::from_raw_bytes(&label[..digits]).expect("8 or 32 hex digits make a label");
-        self.addr.prepend_label(label).expect("a hex label under addr.<origin> is a valid name")
+        self.addr
+            .prepend_label(label)
+            .expect("a hex label under addr.<origin> is a valid name")
     }
 
     pub fn soa(&self, serial: u32, negative_ttl: u32) -> Record {
-        let soa = SOA::new(self.ns.clone(), self.hostmaster.clone(), serial, 3600, 600, 86400, negative_ttl);
+        let soa = SOA::new(
+            self.ns.clone(),
+            self.hostmaster.clone(),
+            serial,
+            3600,
+            600,
+            86400,
+            negative_ttl,
+        );
         Record::from_rdata(self.origin.clone(), negative_ttl, RData::SOA(soa))
     }
 
@@ -77,8 +97,12 @@ pub fn parse_addr_label(label: &[u8]) -> Option<IpAddr> {
         return None;
     }
     match text.len() {
-        8 => u32::from_str_radix(text, 16).ok().map(|v| IpAddr::V4(Ipv4Addr::from(v))),
-        32 => u128::from_str_radix(text, 16).ok().map(|v| IpAddr::V6(Ipv6Addr::from(v))),
+        8 => u32::from_str_radix(text, 16)
+            .ok()
+            .map(|v| IpAddr::V4(Ipv4Addr::from(v))),
+        32 => u128::from_str_radix(text, 16)
+            .ok()
+            .map(|v| IpAddr::V6(Ipv6Addr::from(v))),
         _ => None,
     }
 }
@@ -142,7 +166,13 @@ impl InstanceRecords {
                 Target::Host(Box::new(name))
             }
         };
-        Self { target, priority: instance.priority, weight: instance.weight, port: instance.port, metadata: instance.metadata.clone() }
+        Self {
+            target,
+            priority: instance.priority,
+            weight: instance.weight,
+            port: instance.port,
+            metadata: instance.metadata.clone(),
+        }
     }
 
     /// The address of an IP target.
@@ -178,12 +208,18 @@ mod tests {
 
     #[test]
     fn a_zone_too_long_for_ipv6_target_names_is_refused() {
-        let long = format!("{}.koder", ["a".repeat(60), "b".repeat(60), "c".repeat(60), "d".repeat(30)].join("."));
+        let long = format!(
+            "{}.koder",
+            ["a".repeat(60), "b".repeat(60), "c".repeat(60), "d".repeat(30)].join(".")
+        );
         let error = ZoneNames::new(&long).unwrap_err();
         assert!(error.contains("too long") && error.contains("--domain"), "{error}");
         let zone = ZoneNames::new("service.koder").unwrap();
         let v6 = zone.addr_name("2001:db8::1".parse().unwrap());
         assert_eq!(v6.to_string(), "20010db8000000000000000000000001.addr.service.koder.");
-        assert_eq!(zone.addr_name("10.0.0.1".parse().unwrap()).to_string(), "0a000001.addr.service.koder.");
+        assert_eq!(
+            zone.addr_name("10.0.0.1".parse().unwrap()).to_string(),
+            "0a000001.addr.service.koder."
+        );
     }
 }

@@ -11,6 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::{Authority, handle_bytes};
+use crate::metrics::{self, Transport};
 
 pub struct Limits {
     pub max_connections: usize,
@@ -45,13 +46,16 @@ async fn connection(mut stream: TcpStream, src: SocketAddr, authority: Authority
             stream.read_exact(&mut message).await?;
             std::io::Result::Ok(message)
         };
-        let Ok(Ok(message)) = tokio::time::timeout(idle, read).await else { return };
+        let Ok(Ok(message)) = tokio::time::timeout(idle, read).await else {
+            return;
+        };
         if message.len() < 2 {
             return;
         }
         if !handle_bytes(&authority, &message, src, Protocol::Tcp, &mut reply).await {
             continue;
         }
+        metrics::dns_reply(Transport::Tcp, &reply);
         let write = async {
             stream.write_all(&(reply.len() as u16).to_be_bytes()).await?;
             stream.write_all(&reply).await

@@ -19,6 +19,7 @@ use std::net::{SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
+use crate::metrics::{self, Transport};
 use hickory_server::net::xfer::Protocol;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -58,13 +59,17 @@ struct Batch {
 
 impl Batch {
     fn new() -> Box<Self> {
-        // SAFETY: all zeros is a valid sockaddr_storage, iovec and mmsghdr.
         Box::new(Self {
             datagrams: vec![0; BATCH * RECV_BUFFER],
             lens: [0; BATCH],
+            // SAFETY: sockaddr_storage is plain old data; all zeros is a valid (AF_UNSPEC) value.
             sources: unsafe { std::mem::zeroed() },
             source_lens: [0; BATCH],
+            // SAFETY: iovec is plain old data; a null base with length 0 is valid, and aim()
+            // points each one at its buffer before any system call reads it.
             iovecs: unsafe { std::mem::zeroed() },
+            // SAFETY: mmsghdr is plain old data; null pointers with zero lengths are valid, and
+            // aim() fills each header in before any system call reads it.
             headers: unsafe { std::mem::zeroed() },
             replies: (0..BATCH).map(|_| Vec::with_capacity(512)).collect(),
             outgoing: Vec::with_capacity(BATCH),
@@ -74,14 +79,39 @@ impl Batch {
     /// Waits for datagrams on `fd` (at most the socket's read timeout), then takes those
     /// queued, up to [`BATCH`].
     fn recv(&mut self, fd: RawFd) -> io::Result<usize> {
-        let Self { datagrams, sources, iovecs, headers, .. } = self;
-        for (i, ((iov, header), source)) in iovecs.iter_mut().zip(headers.iter_mut()).zip(sources.iter_mut()).enumerate() {
+        let Self {
+            datagrams,
+            sources,
+            iovecs,
+            headers,
+            ..
+        } = self;
+        for (i, ((iov, header), source)) in iovecs
+            .iter_mut()
+            .zip(headers.iter_mut())
+            .zip(sources.iter_mut())
+            .enumerate()
+        {
             let slot = &mut datagrams[i * RECV_BUFFER..(i + 1) * RECV_BUFFER];
-            aim(header, iov, slot, source, size_of::<libc::sockaddr_storage>() as libc::socklen_t);
+            aim(
+                header,
+                iov,
+                slot,
+                source,
+                size_of::<libc::sockaddr_storage>() as libc::socklen_t,
+            );
         }
         // SAFETY: each header points at its own buffer and source slot in this batch, all
         // exclusively borrowed for the call.
-        let n = unsafe { libc::recvmmsg(fd, headers.as_mut_ptr(), BATCH as libc::c_uint, libc::MSG_WAITFORONE, std::ptr::null_mut()) };
+        let n = unsafe {
+            libc::recvmmsg(
+                fd,
+                headers.as_mut_ptr(),
+                BATCH as libc::c_uint,
+                libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -100,16 +130,25 @@ impl Batch {
     fn source(&self, i: usize) -> Option<SocketAddr> {
         let storage = &self.sources[i];
         let len = self.source_lens[i] as usize;
-        // SAFETY: the kernel wrote an address of family `ss_family` and length `len`;
-        // sockaddr_storage is large and aligned enough for either.
         match storage.ss_family as libc::c_int {
             libc::AF_INET if len >= size_of::<libc::sockaddr_in>() => {
+                // SAFETY: the kernel wrote an AF_INET address of at least sockaddr_in's length
+                // (checked above); sockaddr_storage is large and aligned enough for it.
                 let a = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
-                Some(SocketAddr::V4(SocketAddrV4::new(u32::from_be(a.sin_addr.s_addr).into(), u16::from_be(a.sin_port))))
+                Some(SocketAddr::V4(SocketAddrV4::new(
+                    u32::from_be(a.sin_addr.s_addr).into(),
+                    u16::from_be(a.sin_port),
+                )))
             }
             libc::AF_INET6 if len >= size_of::<libc::sockaddr_in6>() => {
+                // SAFETY: the kernel wrote an AF_INET6 address of at least sockaddr_in6's length
+                // (checked above); sockaddr_storage is large and aligned enough for it.
                 let a = unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
-                let (ip, port, flow) = (a.sin6_addr.s6_addr.into(), u16::from_be(a.sin6_port), u32::from_be(a.sin6_flowinfo));
+                let (ip, port, flow) = (
+                    a.sin6_addr.s6_addr.into(),
+                    u16::from_be(a.sin6_port),
+                    u32::from_be(a.sin6_flowinfo),
+                );
                 Some(SocketAddr::V6(SocketAddrV6::new(ip, port, flow, a.sin6_scope_id)))
             }
             _ => None,
@@ -119,7 +158,15 @@ impl Batch {
     /// Sends the replies of `outgoing[from..]`, each to the source of its query; returns
     /// how many went. An error means none did.
     fn send(&mut self, fd: RawFd, from: usize) -> io::Result<usize> {
-        let Self { sources, source_lens, iovecs, headers, replies, outgoing, .. } = self;
+        let Self {
+            sources,
+            source_lens,
+            iovecs,
+            headers,
+            replies,
+            outgoing,
+            ..
+        } = self;
         let slots = &outgoing[from..];
         for ((&slot, iov), header) in slots.iter().zip(iovecs.iter_mut()).zip(headers.iter_mut()) {
             aim(header, iov, &mut replies[slot], &mut sources[slot], source_lens[slot]);
@@ -127,13 +174,23 @@ impl Batch {
         // SAFETY: the first `slots.len()` headers point at replies and addresses of this
         // batch, exclusively borrowed for the call, which only reads them.
         let n = unsafe { libc::sendmmsg(fd, headers.as_mut_ptr(), slots.len() as libc::c_uint, 0) };
-        if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
     }
 }
 
 /// Points `header` (through `iov`) at one datagram buffer and one peer address of `len`
 /// bytes, for the next `recvmmsg` or `sendmmsg`.
-fn aim(header: &mut libc::mmsghdr, iov: &mut libc::iovec, buffer: &mut [u8], address: &mut libc::sockaddr_storage, len: libc::socklen_t) {
+fn aim(
+    header: &mut libc::mmsghdr,
+    iov: &mut libc::iovec,
+    buffer: &mut [u8],
+    address: &mut libc::sockaddr_storage,
+    len: libc::socklen_t,
+) {
     iov.iov_base = buffer.as_mut_ptr().cast();
     iov.iov_len = buffer.len();
     header.msg_hdr.msg_iov = iov;
@@ -145,7 +202,12 @@ fn aim(header: &mut libc::mmsghdr, iov: &mut libc::iovec, buffer: &mut [u8], add
 /// One worker: answers until `shutdown`. The socket is blocking with timeouts, so the
 /// worker sleeps in `recvmmsg` yet notices a shutdown within [`SHUTDOWN_POLL`], and a full
 /// send buffer costs a reply, not the worker.
-fn serve(socket: &std::net::UdpSocket, authority: &Authority, runtime: &tokio::runtime::Runtime, shutdown: &CancellationToken) -> io::Result<()> {
+fn serve(
+    socket: &std::net::UdpSocket,
+    authority: &Authority,
+    runtime: &tokio::runtime::Runtime,
+    shutdown: &CancellationToken,
+) -> io::Result<()> {
     socket.set_nonblocking(false)?;
     socket.set_read_timeout(Some(SHUTDOWN_POLL))?;
     socket.set_write_timeout(Some(SHUTDOWN_POLL))?;
@@ -164,12 +226,15 @@ fn serve(socket: &std::net::UdpSocket, authority: &Authority, runtime: &tokio::r
         };
         batch.outgoing.clear();
         for i in 0..n {
-            let Some(src) = batch.source(i).filter(|&src| answerable(src)) else { continue };
+            let Some(src) = batch.source(i).filter(|&src| answerable(src)) else {
+                continue;
+            };
             let mut reply = std::mem::take(&mut batch.replies[i]);
             let query = batch.datagram(i);
             if handle_prepared(authority, query, Protocol::Udp, &mut reply)
                 || runtime.block_on(handle_full(authority, query, src, Protocol::Udp, &mut reply))
             {
+                metrics::dns_reply(Transport::Udp, &reply);
                 batch.outgoing.push(i);
             }
             batch.replies[i] = reply;
@@ -193,28 +258,34 @@ fn serve(socket: &std::net::UdpSocket, authority: &Authority, runtime: &tokio::r
 /// Starts one worker thread per socket; the returned task ends when they all have. (The
 /// threads report over channels rather than being joined from `spawn_blocking`, which
 /// would hold up the drop of a runtime whose server was never shut down.)
-pub fn spawn(sockets: Vec<std::net::UdpSocket>, authority: Authority, shutdown: CancellationToken) -> io::Result<tokio::task::JoinHandle<()>> {
+pub fn spawn(
+    sockets: Vec<std::net::UdpSocket>,
+    authority: Authority,
+    shutdown: CancellationToken,
+) -> io::Result<tokio::task::JoinHandle<()>> {
     let mut done = Vec::with_capacity(sockets.len());
     for (i, socket) in sockets.into_iter().enumerate() {
         let (authority, shutdown) = (authority.clone(), shutdown.clone());
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let (finished, finished_rx) = tokio::sync::oneshot::channel::<()>();
         done.push(finished_rx);
-        std::thread::Builder::new().name(format!("koder-dns-udp-{i}")).spawn(move || {
-            // A panic answering a query (a bug) must not leave the socket unserved.
-            loop {
-                let run = std::panic::AssertUnwindSafe(|| serve(&socket, &authority, &runtime, &shutdown));
-                match std::panic::catch_unwind(run) {
-                    Ok(Ok(())) => break,
-                    Ok(Err(error)) => {
-                        tracing::error!(%error, "cannot use a DNS UDP socket");
-                        break;
+        std::thread::Builder::new()
+            .name(format!("koder-dns-udp-{i}"))
+            .spawn(move || {
+                // A panic answering a query (a bug) must not leave the socket unserved.
+                loop {
+                    let run = std::panic::AssertUnwindSafe(|| serve(&socket, &authority, &runtime, &shutdown));
+                    match std::panic::catch_unwind(run) {
+                        Ok(Ok(())) => break,
+                        Ok(Err(error)) => {
+                            tracing::error!(%error, "cannot use a DNS UDP socket");
+                            break;
+                        }
+                        Err(_) => tracing::error!("a DNS UDP worker panicked; it goes on with a fresh batch"),
                     }
-                    Err(_) => tracing::error!("a DNS UDP worker panicked; it goes on with a fresh batch"),
                 }
-            }
-            drop(finished);
-        })?;
+                drop(finished);
+            })?;
     }
     Ok(tokio::spawn(async move {
         for finished in done {

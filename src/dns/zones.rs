@@ -44,11 +44,19 @@ pub fn load(dir: &Path, service_zone: &Name) -> anyhow::Result<Catalog> {
         };
         let origin = origin.to_lowercase();
         if origin == *service_zone {
-            bail!("zone file {} is for {origin}, the service zone itself; remove it or change --domain", path.display());
+            bail!(
+                "zone file {} is for {origin}, the service zone itself; remove it or change --domain",
+                path.display()
+            );
         }
         let count = records.len();
-        let handler = InMemoryZoneHandler::<TokioRuntimeProvider>::new(origin.clone(), records, ZoneType::Primary, AxfrPolicy::Deny)
-            .map_err(|e| anyhow::anyhow!("zone file {}: {e}", path.display()))?;
+        let handler = InMemoryZoneHandler::<TokioRuntimeProvider>::new(
+            origin.clone(),
+            records,
+            ZoneType::Primary,
+            AxfrPolicy::Deny,
+        )
+        .map_err(|e| anyhow::anyhow!("zone file {}: {e}", path.display()))?;
         info!(zone = %origin, file = %path.display(), rrsets = count, "static zone loaded");
         catalog.upsert(LowerName::new(&origin), vec![Arc::new(handler)]);
     }
@@ -62,7 +70,9 @@ fn error_line(text: &str, path: &Path, origin: &Name, error: &str) -> usize {
     let lines: Vec<&str> = text.lines().collect();
     let fails_at = |n: usize| {
         let prefix = lines[..n].join("\n");
-        Parser::new(prefix, Some(path.to_owned()), Some(origin.clone())).parse().is_err_and(|e| e.to_string() == error)
+        Parser::new(prefix, Some(path.to_owned()), Some(origin.clone()))
+            .parse()
+            .is_err_and(|e| e.to_string() == error)
     };
     let (mut low, mut high) = (1, lines.len().max(1));
     if !fails_at(high) {

@@ -6,14 +6,14 @@ use serde::{Deserialize, Serialize};
 
 use super::{PortEntry, PortsFile};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Owner {
     pub service: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PortOwner {
     pub port: u16,
     pub protocol: String,
@@ -21,7 +21,7 @@ pub struct PortOwner {
     pub owner: Owner,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Mismatch {
     pub port: u16,
     pub protocol: String,
@@ -30,7 +30,7 @@ pub struct Mismatch {
 }
 
 /// What differs, per port. Empty lists mean no drift.
-#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DriftReport {
     pub drift: bool,
     /// In the reference, not live.
@@ -42,15 +42,28 @@ pub struct DriftReport {
 }
 
 fn owner_of(e: &PortEntry) -> Owner {
-    Owner { service: e.service.clone(), container: e.container.clone() }
+    Owner {
+        service: e.service.clone(),
+        container: e.container.clone(),
+    }
 }
 
 fn port_owner(e: &PortEntry) -> PortOwner {
-    PortOwner { port: e.port, protocol: e.protocol.clone(), owner: owner_of(e) }
+    PortOwner {
+        port: e.port,
+        protocol: e.protocol.clone(),
+        owner: owner_of(e),
+    }
 }
 
 /// Compares `live` with `reference`. A reference entry without a container does not
 /// constrain the container.
+/// Reads and parses a reference ports file, saying what is wrong with it.
+pub fn load_reference(path: &std::path::Path) -> Result<PortsFile, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    PortsFile::parse(&text).map_err(|e| format!("{} is not a ports file: {e}", path.display()))
+}
+
 pub fn check(live: &PortsFile, reference: &PortsFile) -> DriftReport {
     let key = |e: &PortEntry| (e.port, e.protocol.to_ascii_lowercase());
     let live: BTreeMap<_, _> = live.ports.iter().map(|e| (key(e), e)).collect();
@@ -72,7 +85,11 @@ pub fn check(live: &PortsFile, reference: &PortsFile) -> DriftReport {
             }
         }
     }
-    report.extra = live.iter().filter(|(k, _)| !reference.contains_key(*k)).map(|(_, e)| port_owner(e)).collect();
+    report.extra = live
+        .iter()
+        .filter(|(k, _)| !reference.contains_key(*k))
+        .map(|(_, e)| port_owner(e))
+        .collect();
     report.drift = !(report.missing.is_empty() && report.extra.is_empty() && report.owner_mismatch.is_empty());
     report
 }
@@ -87,15 +104,35 @@ impl DriftReport {
             Some(c) => format!("{} ({c})", o.service),
             None => o.service.clone(),
         };
-        let mut rows = vec![("KIND".to_owned(), "PORT".to_owned(), "REFERENCE".to_owned(), "LIVE".to_owned())];
+        let mut rows = vec![(
+            "KIND".to_owned(),
+            "PORT".to_owned(),
+            "REFERENCE".to_owned(),
+            "LIVE".to_owned(),
+        )];
         for m in &self.missing {
-            rows.push(("missing".into(), format!("{}/{}", m.port, m.protocol), show(&m.owner), "-".into()));
+            rows.push((
+                "missing".into(),
+                format!("{}/{}", m.port, m.protocol),
+                show(&m.owner),
+                "-".into(),
+            ));
         }
         for e in &self.extra {
-            rows.push(("extra".into(), format!("{}/{}", e.port, e.protocol), "-".into(), show(&e.owner)));
+            rows.push((
+                "extra".into(),
+                format!("{}/{}", e.port, e.protocol),
+                "-".into(),
+                show(&e.owner),
+            ));
         }
         for m in &self.owner_mismatch {
-            rows.push(("owner_mismatch".into(), format!("{}/{}", m.port, m.protocol), show(&m.expected), show(&m.actual)));
+            rows.push((
+                "owner_mismatch".into(),
+                format!("{}/{}", m.port, m.protocol),
+                show(&m.expected),
+                show(&m.actual),
+            ));
         }
         let w: [usize; 3] = [
             rows.iter().map(|r| r.0.len()).max().unwrap_or(0),

@@ -74,7 +74,11 @@ impl PortsFile {
                     .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
                     .map(|(s, _)| s.clone())
                     .expect("a group has members");
-                let container = members.iter().map(|m| owner(m)).find(|(s, _)| *s == service).and_then(|(_, c)| c);
+                let container = members
+                    .iter()
+                    .map(|m| owner(m))
+                    .find(|(s, _)| *s == service)
+                    .and_then(|(_, c)| c);
                 PortEntry {
                     port,
                     protocol,

@@ -3,11 +3,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::registry::instance::{Instance, JET_DOMAIN};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RouteInstance {
     pub id: String,
     pub service: String,
@@ -16,7 +16,7 @@ pub struct RouteInstance {
     pub healthy: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Route {
     pub domain: String,
     /// More than one service claims this domain: the edge must not mix them silently.
@@ -27,7 +27,9 @@ pub struct Route {
 
 /// The domain an instance asked to be routed on, normalised; `None` = internal-only.
 pub fn jet_domain(instance: &Instance) -> Option<String> {
-    instance.label(JET_DOMAIN).map(|d| d.strip_suffix('.').unwrap_or(d).to_ascii_lowercase())
+    instance
+        .label(JET_DOMAIN)
+        .map(|d| d.strip_suffix('.').unwrap_or(d).to_ascii_lowercase())
 }
 
 /// Routes sorted by domain, instances by id. Unhealthy instances stay listed with their
@@ -43,7 +45,12 @@ pub fn routes(instances: &[Instance]) -> Vec<Route> {
         .into_iter()
         .map(|(domain, mut members)| {
             members.sort_by(|a, b| a.id.cmp(&b.id));
-            let services: Vec<String> = members.iter().map(|m| m.name.to_string()).collect::<BTreeSet<_>>().into_iter().collect();
+            let services: Vec<String> = members
+                .iter()
+                .map(|m| m.name.to_string())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
             Route {
                 domain,
                 conflict: services.len() > 1,

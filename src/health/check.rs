@@ -66,14 +66,20 @@ impl CheckSpec {
             .transpose()?;
         let path = get("check_path").unwrap_or(DEFAULT_PATH).to_owned();
         if !path.starts_with('/') || path.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            return Err(FieldError::new(field("check_path"), format!("{path:?} must be a URL path starting with '/'")));
+            return Err(FieldError::new(
+                field("check_path"),
+                format!("{path:?} must be a URL path starting with '/'"),
+            ));
         }
         let duration = |key: &str, default: Duration| -> Result<Duration, FieldError> {
             match get(key) {
                 None => Ok(default),
                 Some(v) => match parse_duration(v) {
                     Ok(d) if d >= MIN_INTERVAL => Ok(d),
-                    Ok(_) => Err(FieldError::new(field(key), format!("{v:?} is shorter than {MIN_INTERVAL:?}"))),
+                    Ok(_) => Err(FieldError::new(
+                        field(key),
+                        format!("{v:?} is shorter than {MIN_INTERVAL:?}"),
+                    )),
                     Err(e) => Err(FieldError::new(field(key), e)),
                 },
             }

@@ -122,10 +122,13 @@ async fn check_loop(
         delay = jittered(target.interval);
         let result = {
             let Ok(_permit) = permits.acquire().await else { return };
-            tokio::select! {
+            let started = std::time::Instant::now();
+            let result = tokio::select! {
                 _ = cancel.cancelled() => return,
                 result = probe::probe(&target, &http) => result,
-            }
+            };
+            crate::metrics::health_check(result.is_ok(), started.elapsed());
+            result
         };
         let Some(instance) = registry.get(&id) else { return };
         match result {

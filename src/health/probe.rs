@@ -23,7 +23,14 @@ impl Target {
             Address::Ip(ip) => ip.to_string(),
             Address::Host(host) => host,
         };
-        Self { kind, host, port: instance.port, path: spec.path.clone(), timeout: spec.timeout, interval: spec.interval }
+        Self {
+            kind,
+            host,
+            port: instance.port,
+            path: spec.path.clone(),
+            timeout: spec.timeout,
+            interval: spec.interval,
+        }
     }
 }
 
@@ -42,7 +49,11 @@ pub async fn probe(target: &Target, http: &reqwest::Client) -> Result<(), String
             CheckKind::Http => {
                 let url = format!("http://{}:{}{}", target.host, target.port, target.path);
                 let response = http.get(&url).send().await.map_err(|e| {
-                    if e.is_connect() { format!("GET {url}: connection refused or unreachable") } else { format!("GET {url}: {e}") }
+                    if e.is_connect() {
+                        format!("GET {url}: connection refused or unreachable")
+                    } else {
+                        format!("GET {url}: {e}")
+                    }
                 })?;
                 let status = response.status();
                 if status.is_success() || status.is_redirection() {

@@ -55,7 +55,9 @@ impl Clock for ManualClock {
 /// every instance in every REST answer); chrono only for times before 1970.
 pub fn rfc3339(ns: Nanos) -> String {
     match u64::try_from(ns) {
-        Ok(ns) => humantime::format_rfc3339_nanos(std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns)).to_string(),
+        Ok(ns) => {
+            humantime::format_rfc3339_nanos(std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns)).to_string()
+        }
         Err(_) => chrono::DateTime::from_timestamp_nanos(ns).to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
     }
 }
@@ -70,7 +72,16 @@ mod tests {
 
     #[test]
     fn rfc3339_is_utc_with_nine_digits_and_reads_back() {
-        for ns in [0, 1, 999_999_999, 1_800_000_000_123_456_789, 1_700_000_000_000_000_000, i64::MAX, -1, -86_400_000_000_123] {
+        for ns in [
+            0,
+            1,
+            999_999_999,
+            1_800_000_000_123_456_789,
+            1_700_000_000_000_000_000,
+            i64::MAX,
+            -1,
+            -86_400_000_000_123,
+        ] {
             let text = rfc3339(ns);
             let chrono = chrono::DateTime::from_timestamp_nanos(ns).to_rfc3339_opts(chrono::SecondsFormat::Nanos, true);
             assert_eq!(text, chrono, "{ns}");

@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, StorageError, TableDefinition};
 use tokio::sync::{mpsc::UnboundedReceiver, oneshot};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
+use super::clock::Nanos;
 use super::instance::Instance;
 use super::{Event, Registry};
 
@@ -30,6 +31,29 @@ pub const FILE_NAME: &str = "registry.redb";
 const CACHE_BYTES: usize = 2 << 20;
 /// Most writes grouped into one commit.
 const MAX_BATCH: usize = 8192;
+/// Space set aside beside the database, released when a commit fails, so that
+/// deregistrations can still commit on a full disk (etcd keeps a quota and raises a NOSPACE
+/// alarm for the same reason: the operator must be able to free space through the API).
+pub const RESERVE_FILE: &str = "registry.reserve";
+const RESERVE_BYTES: usize = 1 << 20;
+/// After a failed commit, writes are refused at once for this long before the disk is
+/// tried again, so a failing disk costs no work per request.
+const RETRY_AFTER: Duration = Duration::from_millis(500);
+/// At most one WARN line per this period about failed commits, with their count.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+const NOSPACE: &str =
+    "the data disk is full: registrations are refused until space is freed (deregistrations still work)";
+
+/// The disk's state, for `/healthz`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DiskStatus {
+    /// `ok`; `failing` (commits fail and are retried); or `nospace` (a commit failed, the
+    /// reserve was released: only removals are written until space comes back).
+    pub state: &'static str,
+    /// Failed commits since start.
+    pub failed_commits: u64,
+    pub last_error: Option<String>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
@@ -42,9 +66,7 @@ pub enum OpenError {
          (registrants re-register after their next heartbeat gets 410) or restore a backup"
     )]
     Corrupt { path: PathBuf, detail: String },
-    #[error(
-        "{path}: written by a newer koder-dns ({detail}); run that version, or move the file aside to start empty"
-    )]
+    #[error("{path}: written by a newer koder-dns ({detail}); run that version, or move the file aside to start empty")]
     Newer { path: PathBuf, detail: String },
     #[error("{path}: {detail}; check that --data-dir is writable and has free space")]
     Io { path: PathBuf, detail: String },
@@ -54,24 +76,36 @@ fn classify(path: &Path, e: DatabaseError) -> OpenError {
     let path = path.to_owned();
     match e {
         DatabaseError::DatabaseAlreadyOpen => OpenError::Locked(path),
-        DatabaseError::UpgradeRequired(v) => OpenError::Corrupt { path, detail: format!("old file format {v}") },
+        DatabaseError::UpgradeRequired(v) => OpenError::Corrupt {
+            path,
+            detail: format!("old file format {v}"),
+        },
         DatabaseError::Storage(StorageError::Corrupted(detail)) if detail.contains("format version") => {
             OpenError::Newer { path, detail }
         }
         DatabaseError::Storage(StorageError::Corrupted(detail)) => OpenError::Corrupt { path, detail },
         DatabaseError::Storage(StorageError::Io(io)) if io.kind() == std::io::ErrorKind::InvalidData => {
-            OpenError::Corrupt { path, detail: io.to_string() }
+            OpenError::Corrupt {
+                path,
+                detail: io.to_string(),
+            }
         }
-        other => OpenError::Io { path, detail: other.to_string() },
+        other => OpenError::Io {
+            path,
+            detail: other.to_string(),
+        },
     }
 }
 
-fn open_db(path: &Path) -> Result<Database, OpenError> {
+/// `check`: verify the whole file (at start). A reopen after a failed commit skips it:
+/// redb repairs what its own failed commit left, and a full check per failure made every
+/// refused request cost a scan of the file.
+fn open_db(path: &Path, check: bool) -> Result<Database, OpenError> {
     // A file damaged outside redb would otherwise panic on first read; check it up front.
     // redb caches up to 1 GiB by default; memory is the source of truth here and the file
     // is read only at start, so a small cache is enough.
     Database::builder()
-        .set_check_integrity_on_open(true)
+        .set_check_integrity_on_open(check)
         .set_cache_size(CACHE_BYTES)
         .create(path)
         .map_err(|e| classify(path, e))
@@ -80,22 +114,33 @@ fn open_db(path: &Path) -> Result<Database, OpenError> {
 /// What the file held at start.
 pub struct Loaded {
     pub instances: Vec<Instance>,
-    pub serial: u32,
+    /// The last revision written.
+    pub revision: u64,
+    /// When the registry that wrote the file was last known running (its last commit; the
+    /// writer commits at least every `--persist-interval`). `None` in files from before
+    /// this was stored.
+    pub alive_at: Option<Nanos>,
 }
 
 /// Opens (or creates) the database, refusing a locked, corrupt or newer file.
 pub fn open(dir: &Path) -> Result<(Database, PathBuf, Loaded), OpenError> {
-    let io = |path: &Path, e: &dyn std::fmt::Display| OpenError::Io { path: path.to_owned(), detail: e.to_string() };
+    let io = |path: &Path, e: &dyn std::fmt::Display| OpenError::Io {
+        path: path.to_owned(),
+        detail: e.to_string(),
+    };
     std::fs::create_dir_all(dir).map_err(|e| io(dir, &e))?;
     let path = dir.join(FILE_NAME);
-    let db = open_db(&path)?;
+    let db = open_db(&path, true)?;
     let txn = db.begin_write().map_err(|e| io(&path, &e))?;
     {
         let mut meta = txn.open_table(META).map_err(|e| io(&path, &e))?;
         let schema = meta.get("schema").map_err(|e| io(&path, &e))?.map(|v| v.value());
         match schema {
             Some(v) if v > SCHEMA_VERSION => {
-                return Err(OpenError::Newer { path, detail: format!("schema {v}; this build reads {SCHEMA_VERSION}") });
+                return Err(OpenError::Newer {
+                    path,
+                    detail: format!("schema {v}; this build reads {SCHEMA_VERSION}"),
+                });
             }
             Some(_) => {}
             None => {
@@ -111,61 +156,153 @@ pub fn open(dir: &Path) -> Result<(Database, PathBuf, Loaded), OpenError> {
     let mut instances = Vec::new();
     for entry in table.iter().map_err(|e| io(&path, &e))? {
         let (id, json) = entry.map_err(|e| io(&path, &e))?;
-        let instance: Instance = serde_json::from_slice(json.value())
-            .map_err(|e| OpenError::Corrupt { path: path.clone(), detail: format!("instance {:?}: {e}", id.value()) })?;
+        let instance: Instance = serde_json::from_slice(json.value()).map_err(|e| OpenError::Corrupt {
+            path: path.clone(),
+            detail: format!("instance {:?}: {e}", id.value()),
+        })?;
         instances.push(instance);
     }
-    let serial = read
-        .open_table(META)
-        .ok()
-        .and_then(|m| m.get("serial").ok().flatten().map(|v| v.value() as u32))
-        .unwrap_or(0);
+    let meta = |key: &str| {
+        read.open_table(META)
+            .ok()
+            .and_then(|m| m.get(key).ok().flatten().map(|v| v.value()))
+    };
+    // Kept under its first name: files written before the revision hold the 32-bit serial.
+    let revision = meta("serial").unwrap_or(0);
+    let alive_at = meta("alive_at").map(|v| v as Nanos);
     drop(table);
     drop(read);
-    Ok((db, path, Loaded { instances, serial }))
+    Ok((
+        db,
+        path,
+        Loaded {
+            instances,
+            revision,
+            alive_at,
+        },
+    ))
+}
+
+/// An instance as the database stores it: its id and its JSON, serialised by the caller
+/// (on the request's thread, not the writer's).
+pub struct Stored {
+    pub id: Arc<str>,
+    pub json: Vec<u8>,
+}
+
+impl Stored {
+    pub fn new(instance: &Instance) -> Self {
+        Self {
+            id: instance.id.as_str().into(),
+            json: serde_json::to_vec(instance).expect("instances serialise"),
+        }
+    }
 }
 
 struct Job {
-    /// Ids to persist now; empty for "flush everything dirty".
+    /// Ids to persist now, from what the registry holds for them; with `put` empty too:
+    /// "flush everything dirty".
     ids: Vec<Arc<str>>,
+    /// Instances to store as given: registrations not yet visible in the registry, which
+    /// become visible only once this commit is acknowledged.
+    put: Vec<Stored>,
     ack: oneshot::Sender<Result<(), String>>,
 }
 
 /// The writer thread's handle.
 pub struct Disk {
     tx: Mutex<Option<mpsc::Sender<Job>>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    status: Arc<Mutex<DiskStatus>>,
+    thread: Mutex<Option<JoinHandle<Result<(), String>>>>,
 }
 
 impl Disk {
     /// Starts the writer. `events` marks ids dirty for the batched flush.
-    pub fn spawn(db: Database, path: PathBuf, registry: Arc<Registry>, events: UnboundedReceiver<Event>, interval: Duration) -> Self {
+    pub fn spawn(
+        db: Database,
+        path: PathBuf,
+        registry: Arc<Registry>,
+        events: UnboundedReceiver<Event>,
+        interval: Duration,
+    ) -> Self {
         let (tx, rx) = mpsc::channel();
-        let writer = Writer { db: Some(db), path, registry, events, dirty: HashSet::new(), interval };
+        let status = Arc::new(Mutex::new(DiskStatus {
+            state: "ok",
+            failed_commits: 0,
+            last_error: None,
+        }));
+        let reserve = path.with_file_name(RESERVE_FILE);
+        let has_reserve = match write_reserve(&reserve) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(path = %reserve.display(), error = %e,
+                      "cannot set space aside for deregistrations on a full disk");
+                false
+            }
+        };
+        let writer = Writer {
+            db: Some(db),
+            path,
+            registry,
+            events,
+            dirty: HashSet::new(),
+            interval,
+            status: status.clone(),
+            reserve,
+            has_reserve,
+            nospace: false,
+            retry_at: None,
+            last_error: String::new(),
+            logged_at: None,
+            unlogged: 0,
+        };
         let thread = std::thread::Builder::new()
             .name("koder-dns-disk".into())
             .spawn(move || writer.run(rx))
             .expect("spawn the disk writer");
-        Self { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)) }
+        Self {
+            tx: Mutex::new(Some(tx)),
+            status,
+            thread: Mutex::new(Some(thread)),
+        }
+    }
+
+    pub fn status(&self) -> DiskStatus {
+        self.status.lock().clone()
     }
 
     /// Persists what the registry holds for `ids`; returns once it is on disk.
     pub async fn write(&self, ids: Vec<Arc<str>>) -> Result<(), String> {
+        self.send(ids, Vec::new()).await
+    }
+
+    /// Stores `instance` as given, before the registry shows it; returns once it is on disk.
+    pub async fn put(&self, instance: Stored) -> Result<(), String> {
+        self.send(Vec::new(), vec![instance]).await
+    }
+
+    async fn send(&self, ids: Vec<Arc<str>>, put: Vec<Stored>) -> Result<(), String> {
         let (ack, done) = oneshot::channel();
-        let sent = self.tx.lock().as_ref().map(|tx| tx.send(Job { ids, ack }).is_ok());
+        let job = Job { ids, put, ack };
+        let sent = self.tx.lock().as_ref().map(|tx| tx.send(job).is_ok());
         if sent != Some(true) {
             return Err("the server is shutting down".into());
         }
         done.await.unwrap_or_else(|_| Err("the disk writer stopped".into()))
     }
 
-    /// Flushes everything dirty and stops the writer.
-    pub async fn close(&self) {
+    /// Flushes everything dirty and stops the writer. An error when the final flush failed:
+    /// what was only in memory is lost, and the operator must hear it.
+    pub async fn close(&self) -> Result<(), String> {
         let _ = self.write(Vec::new()).await;
         self.tx.lock().take();
         let thread = self.thread.lock().take();
-        if let Some(thread) = thread {
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        match thread {
+            Some(thread) => match tokio::task::spawn_blocking(move || thread.join()).await {
+                Ok(Ok(result)) => result,
+                _ => Err("the disk writer panicked".into()),
+            },
+            None => Ok(()),
         }
     }
 }
@@ -178,12 +315,40 @@ struct Writer {
     events: UnboundedReceiver<Event>,
     dirty: HashSet<Arc<str>>,
     interval: Duration,
+    status: Arc<Mutex<DiskStatus>>,
+    reserve: PathBuf,
+    /// Whether the reserve file holds its space now.
+    has_reserve: bool,
+    /// The NOSPACE alarm: the reserve was released; only removals are committed.
+    nospace: bool,
+    /// After a failure: until then, writes fail at once with `last_error`.
+    retry_at: Option<Instant>,
+    last_error: String,
+    logged_at: Option<Instant>,
+    /// Failures since the last WARN line.
+    unlogged: u64,
+}
+
+/// Fills the reserve file with real blocks (not a sparse file) and syncs it.
+fn write_reserve(path: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let result = (|| {
+        let mut file = std::fs::File::create(path)?;
+        file.write_all(&vec![0u8; RESERVE_BYTES])?;
+        file.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    result
 }
 
 impl Writer {
-    fn run(mut self, rx: mpsc::Receiver<Job>) {
+    /// Returns the result of the final flush.
+    fn run(mut self, rx: mpsc::Receiver<Job>) -> Result<(), String> {
         let mut next_flush = Instant::now() + self.interval;
         let mut closing = false;
+        let mut last = Ok(());
         while !closing {
             let mut jobs = Vec::new();
             match rx.recv_timeout(next_flush.saturating_duration_since(Instant::now())) {
@@ -202,9 +367,13 @@ impl Writer {
                 }
             }
             while let Ok(event) = self.events.try_recv() {
-                self.dirty.insert(event.id().clone());
+                // An upsert is durable before it is said (see `Event::Upserted`).
+                if !matches!(event, Event::Upserted(_)) {
+                    self.dirty.insert(event.id().clone());
+                }
             }
-            let flush_all = closing || Instant::now() >= next_flush || jobs.iter().any(|j| j.ids.is_empty());
+            let flush_all =
+                closing || Instant::now() >= next_flush || jobs.iter().any(|j| j.ids.is_empty() && j.put.is_empty());
             let mut ids: Vec<Arc<str>> = jobs.iter().flat_map(|j| j.ids.iter().cloned()).collect();
             if flush_all {
                 ids.extend(self.dirty.drain());
@@ -217,26 +386,146 @@ impl Writer {
             }
             ids.sort_unstable();
             ids.dedup();
-            let result = if ids.is_empty() { Ok(()) } else { self.commit(&ids) };
-            if let Err(error) = &result {
-                warn!(%error, pending = ids.len(), "could not write the registry to disk; will retry");
+            let put: Vec<&Stored> = jobs.iter().flat_map(|j| &j.put).collect();
+            let (result, put_result) = self.write(&ids, &put, flush_all);
+            if result.is_err() {
                 self.dirty.extend(ids);
             }
             for job in jobs {
+                let result = if job.put.is_empty() { &result } else { &put_result };
                 let _ = job.ack.send(result.clone());
             }
+            last = result;
         }
-        info!(path = %self.path.display(), "registry flushed to disk");
+        if last.is_ok() && !self.dirty.is_empty() {
+            // Under the NOSPACE alarm renewals wait for space; at exit they are lost.
+            last = Err(format!("{} changes were not written: {NOSPACE}", self.dirty.len()));
+        }
+        match &last {
+            Ok(()) => info!(path = %self.path.display(), "registry flushed to disk"),
+            Err(error) => error!(path = %self.path.display(), %error, pending = self.dirty.len(),
+                                 "the final flush failed: changes since the last successful commit are lost"),
+        }
+        last
     }
 
-    fn commit(&mut self, ids: &[Arc<str>]) -> Result<(), String> {
+    /// Writes one batch; returns the result for `ids` and the one for `put`, which differ
+    /// under the NOSPACE alarm (removals are written, registrations refused).
+    fn write(
+        &mut self,
+        ids: &[Arc<str>],
+        put: &[&Stored],
+        flush_all: bool,
+    ) -> (Result<(), String>, Result<(), String>) {
+        if self.nospace && flush_all {
+            self.restore_reserve();
+        }
+        if self.nospace {
+            // Renewals wait for space (they stay dirty); removals use the reserve's space.
+            let (removals, kept): (Vec<Arc<str>>, Vec<Arc<str>>) =
+                ids.iter().cloned().partition(|id| !self.registry.holds(id));
+            self.dirty.extend(kept);
+            let removed = if removals.is_empty() {
+                Ok(())
+            } else {
+                self.commit(&removals, &[]).inspect_err(|e| self.failed(e))
+            };
+            let put = if put.is_empty() {
+                Ok(())
+            } else {
+                Err(NOSPACE.to_owned())
+            };
+            return (removed, put);
+        }
+        if self.retry_at.is_some_and(|at| Instant::now() < at) {
+            let error = Err(self.last_error.clone());
+            return (error.clone(), error);
+        }
+        // The periodic flush commits even with nothing dirty, so that `alive_at` tells a
+        // restart how long the registry was down.
+        if ids.is_empty() && put.is_empty() && !flush_all {
+            return (Ok(()), Ok(()));
+        }
+        match self.commit(ids, put) {
+            Ok(()) => {
+                self.recovered();
+                (Ok(()), Ok(()))
+            }
+            Err(error) => {
+                self.failed(&error);
+                if self.has_reserve && std::fs::remove_file(&self.reserve).is_ok() {
+                    self.has_reserve = false;
+                    self.nospace = true;
+                    self.status.lock().state = "nospace";
+                    warn!(path = %self.reserve.display(),
+                          "NOSPACE alarm: released the reserve; registrations are refused until the data disk has space again, deregistrations still work");
+                    return self.write(ids, put, false);
+                }
+                (Err(error.clone()), Err(error))
+            }
+        }
+    }
+
+    /// Counts a failed commit; logs at most once per [`LOG_EVERY`], with the count.
+    fn failed(&mut self, error: &str) {
+        self.retry_at = Some(Instant::now() + RETRY_AFTER);
+        self.last_error = error.to_owned();
+        self.unlogged += 1;
+        let total = {
+            let mut status = self.status.lock();
+            status.failed_commits += 1;
+            status.last_error = Some(error.to_owned());
+            if status.state == "ok" {
+                status.state = "failing";
+            }
+            status.failed_commits
+        };
+        if self.logged_at.is_none_or(|at| at.elapsed() >= LOG_EVERY) {
+            warn!(%error, failed = self.unlogged, total, "could not write the registry to disk; retrying (logged at most every 10s)");
+            self.logged_at = Some(Instant::now());
+            self.unlogged = 0;
+        }
+    }
+
+    fn recovered(&mut self) {
+        if self.retry_at.take().is_some() {
+            let mut status = self.status.lock();
+            info!(
+                total_failed = status.failed_commits,
+                "writes to the registry database work again"
+            );
+            status.state = if self.nospace { "nospace" } else { "ok" };
+            status.last_error = None;
+            self.logged_at = None;
+            self.unlogged = 0;
+        }
+    }
+
+    /// Under the NOSPACE alarm: takes the reserve back once the disk has room for it, and
+    /// with it lifts the alarm.
+    fn restore_reserve(&mut self) {
+        if write_reserve(&self.reserve).is_ok() {
+            self.has_reserve = true;
+            self.nospace = false;
+            self.retry_at = None;
+            let mut status = self.status.lock();
+            status.state = "ok";
+            status.last_error = None;
+            info!("NOSPACE alarm cleared: the data disk has space again; registrations are accepted");
+        }
+    }
+
+    /// One transaction: `ids` as the registry holds them, then `put` as given (so a
+    /// registration not yet applied wins over the registry's older copy of its id).
+    fn commit(&mut self, ids: &[Arc<str>], put: &[&Stored]) -> Result<(), String> {
         if self.db.is_none() {
             // After an I/O error redb refuses further writes until reopened; reopening
             // repairs whatever the failed commit left.
-            self.db = Some(open_db(&self.path).map_err(|e| e.to_string())?);
+            self.db = Some(open_db(&self.path, false).map_err(|e| e.to_string())?);
             info!(path = %self.path.display(), "registry database reopened");
         }
         let db = self.db.as_ref().expect("opened above");
+        let started = std::time::Instant::now();
         let result = (|| -> Result<(), redb::Error> {
             let txn = db.begin_write()?;
             {
@@ -252,11 +541,17 @@ impl Writer {
                         }
                     }
                 }
-                txn.open_table(META)?.insert("serial", self.registry.serial() as u64)?;
+                for stored in put {
+                    table.insert(&*stored.id, stored.json.as_slice())?;
+                }
+                let mut meta = txn.open_table(META)?;
+                meta.insert("serial", self.registry.revision())?;
+                meta.insert("alive_at", self.registry.now() as u64)?;
             }
             txn.commit()?;
             Ok(())
         })();
+        crate::metrics::store_commit(result.is_ok(), started.elapsed());
         result.map_err(|e| {
             self.db = None;
             e.to_string()

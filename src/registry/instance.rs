@@ -15,6 +15,13 @@ pub const DEFAULT_PROTOCOL: &str = "tcp";
 pub const DEFAULT_WEIGHT: u16 = 100;
 pub const DEFAULT_PRIORITY: u16 = 10;
 pub const MAX_ID_LEN: usize = 255;
+/// Bounds on what one instance may carry (Consul's limits), so that the 64 KiB body limit
+/// is not the only bound on an instance's memory, disk and TXT answer.
+pub const MAX_METADATA_ENTRIES: usize = 64;
+pub const MAX_METADATA_KEY_LEN: usize = 128;
+pub const MAX_METADATA_VALUE_LEN: usize = 512;
+pub const MAX_TAGS: usize = 64;
+pub const MAX_TAG_LEN: usize = 256;
 
 /// Service names that would shadow the zone's own names (`ns.<zone>`, `addr.<zone>`).
 pub const RESERVED_NAMES: [&str; 2] = ["ns", "addr"];
@@ -24,22 +31,29 @@ pub const JET_DOMAIN: &str = "jet.domain";
 
 /// A registered instance, as stored and as answered. Every field is always present on the
 /// wire so consumers never have to guess a default.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Instance {
+    #[schema(value_type = String)]
     pub id: CompactString,
+    #[schema(value_type = String)]
     pub name: CompactString,
+    #[schema(value_type = String)]
     pub address: CompactString,
     pub port: u16,
+    #[schema(value_type = String)]
     pub protocol: CompactString,
     pub tags: Vec<String>,
+    #[schema(value_type = std::collections::BTreeMap<String, String>)]
     pub metadata: Metadata,
     pub weight: u16,
     pub priority: u16,
     pub healthy: bool,
     pub ttl_ns: i64,
     #[serde(with = "timestamp")]
+    #[schema(value_type = String, format = DateTime)]
     pub registered_at: Nanos,
     #[serde(with = "timestamp")]
+    #[schema(value_type = String, format = DateTime)]
     pub updated_at: Nanos,
 }
 
@@ -87,12 +101,19 @@ pub struct Metadata(Option<Arc<[(CompactString, CompactString)]>>);
 impl Metadata {
     pub fn get(&self, key: &str) -> Option<&str> {
         let entries = self.0.as_deref()?;
-        entries.binary_search_by(|(k, _)| k.as_str().cmp(key)).ok().map(|i| entries[i].1.as_str())
+        entries
+            .binary_search_by(|(k, _)| k.as_str().cmp(key))
+            .ok()
+            .map(|i| entries[i].1.as_str())
     }
 
     /// The entries, sorted by key.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.as_deref().unwrap_or_default().iter().map(|(k, v)| (k.as_str(), v.as_str()))
+        self.0
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
     }
 
     pub fn len(&self) -> usize {
@@ -114,7 +135,11 @@ impl From<BTreeMap<String, String>> for Metadata {
 impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Metadata {
     /// Later entries win over earlier ones with the same key, as in a JSON object.
     fn from_iter<I: IntoIterator<Item = (K, V)>>(entries: I) -> Self {
-        entries.into_iter().map(|(k, v)| (k.into(), v.into())).collect::<BTreeMap<_, _>>().into()
+        entries
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect::<BTreeMap<_, _>>()
+            .into()
     }
 }
 
@@ -166,12 +191,14 @@ pub fn is_label(s: &str) -> bool {
 pub fn is_host_name(s: &str) -> bool {
     s.len() <= 253
         && s.split('.').all(is_label)
-        && s.rsplit('.').next().is_some_and(|tld| !tld.bytes().all(|b| b.is_ascii_digit()))
+        && s.rsplit('.')
+            .next()
+            .is_some_and(|tld| !tld.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// A registration body (R1, R2) as a registrant sends it: everything optional, so that a
 /// missing field gets a message naming it rather than a serde error.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 pub struct Registration {
     pub id: Option<String>,
     pub name: Option<String>,
@@ -212,7 +239,10 @@ pub struct FieldError {
 
 impl FieldError {
     pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { field: field.into(), message: message.into() }
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -220,13 +250,69 @@ fn u16_field(field: &str, value: Option<i64>, default: u16, min: i64) -> Result<
     match value {
         None => Ok(default),
         Some(v) if (min..=65535).contains(&v) => Ok(v as u16),
-        Some(v) => Err(FieldError::new(field, format!("must be between {min} and 65535, got {v}"))),
+        Some(v) => Err(FieldError::new(
+            field,
+            format!("must be between {min} and 65535, got {v}"),
+        )),
     }
+}
+
+fn check_tags(tags: &[String]) -> Result<(), FieldError> {
+    if tags.len() > MAX_TAGS {
+        return Err(FieldError::new(
+            "tags",
+            format!("has {} entries; at most {MAX_TAGS} are allowed", tags.len()),
+        ));
+    }
+    if let Some((i, tag)) = tags.iter().enumerate().find(|(_, t)| t.len() > MAX_TAG_LEN) {
+        return Err(FieldError::new(
+            format!("tags[{i}]"),
+            format!("is {} bytes long; at most {MAX_TAG_LEN} are allowed", tag.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), FieldError> {
+    if metadata.len() > MAX_METADATA_ENTRIES {
+        return Err(FieldError::new(
+            "metadata",
+            format!(
+                "has {} entries; at most {MAX_METADATA_ENTRIES} are allowed",
+                metadata.len()
+            ),
+        ));
+    }
+    for (key, value) in metadata {
+        if key.is_empty() || key.len() > MAX_METADATA_KEY_LEN {
+            return Err(FieldError::new(
+                "metadata",
+                format!(
+                    "key {:?} is {} bytes long; keys must be 1 to {MAX_METADATA_KEY_LEN} bytes",
+                    key.chars().take(32).collect::<String>(),
+                    key.len()
+                ),
+            ));
+        }
+        if value.len() > MAX_METADATA_VALUE_LEN {
+            return Err(FieldError::new(
+                format!("metadata.{key}"),
+                format!(
+                    "is {} bytes long; at most {MAX_METADATA_VALUE_LEN} are allowed",
+                    value.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl Registration {
     pub fn validate(self) -> Result<Spec, FieldError> {
-        let name = self.name.filter(|n| !n.is_empty()).ok_or_else(|| FieldError::new("name", "is required"))?;
+        let name = self
+            .name
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| FieldError::new("name", "is required"))?;
         if !is_label(&name) {
             return Err(FieldError::new(
                 "name",
@@ -241,11 +327,19 @@ impl Registration {
             ));
         }
 
-        let address = self.address.filter(|a| !a.is_empty()).ok_or_else(|| FieldError::new("address", "is required"))?;
+        let address = self
+            .address
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| FieldError::new("address", "is required"))?;
         let address = match parse_address(&address) {
             Some(Address::Ip(ip)) => ip.to_string(),
             Some(Address::Host(host)) => host,
-            None => return Err(FieldError::new("address", format!("{address:?} is neither an IP address nor a host name"))),
+            None => {
+                return Err(FieldError::new(
+                    "address",
+                    format!("{address:?} is neither an IP address nor a host name"),
+                ));
+            }
         };
 
         let port = match self.port {
@@ -267,14 +361,20 @@ impl Registration {
             None => format!("{name}-{address}-{port}"),
         };
         if id.len() > MAX_ID_LEN {
-            return Err(FieldError::new("id", format!("is {} bytes long; at most {MAX_ID_LEN} are allowed", id.len())));
+            return Err(FieldError::new(
+                "id",
+                format!("is {} bytes long; at most {MAX_ID_LEN} are allowed", id.len()),
+            ));
         }
         if id.chars().any(char::is_control) {
             return Err(FieldError::new("id", "must contain printable characters only"));
         }
 
         let tags = self.tags.unwrap_or_default();
-        let metadata = Metadata::from(self.metadata.unwrap_or_default());
+        check_tags(&tags)?;
+        let metadata = self.metadata.unwrap_or_default();
+        check_metadata(&metadata)?;
+        let metadata = Metadata::from(metadata);
         if let Some(domain) = label(&metadata, &tags, JET_DOMAIN) {
             let host = domain.strip_suffix('.').unwrap_or(domain);
             if !is_host_name(host) || !host.contains('.') {

@@ -56,13 +56,17 @@ pub struct LeaseIndex {
 
 impl Default for LeaseIndex {
     fn default() -> Self {
-        Self { set: Mutex::default(), earliest: AtomicI64::new(NEVER) }
+        Self {
+            set: Mutex::default(),
+            earliest: AtomicI64::new(NEVER),
+        }
     }
 }
 
 impl LeaseIndex {
     fn update_earliest(&self, set: &BTreeSet<(Nanos, Arc<str>)>) {
-        self.earliest.store(set.first().map_or(NEVER, |(d, _)| *d), Ordering::Release);
+        self.earliest
+            .store(set.first().map_or(NEVER, |(d, _)| *d), Ordering::Release);
     }
 
     /// Moves `id` from `old` to `new`; either may be [`NEVER`] (not indexed).
@@ -96,6 +100,11 @@ impl LeaseIndex {
         }
         self.update_earliest(&set);
         due.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// When the earliest indexed lease ends ([`NEVER`] when none does).
+    pub fn earliest(&self) -> Nanos {
+        self.earliest.load(Ordering::Acquire)
     }
 
     /// Whether some lease has ended by `now`.

@@ -18,13 +18,13 @@ pub mod view;
 mod tests;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry as MapEntry;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::dns::records::{InstanceRecords, ZoneNames};
 use crate::health::{CheckKind, CheckSpec};
@@ -47,7 +47,9 @@ pub struct Settings {
 /// durable store).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// Registered, re-registered or restored.
+    /// Registered, re-registered or restored: said only of what durable storage already
+    /// holds (a registration after its commit, a restore from disk), so the durable store
+    /// does not write it again.
     Upserted(Arc<str>),
     /// Deregistered or expired.
     Removed(Arc<str>),
@@ -76,15 +78,27 @@ pub enum RegistryError {
 pub struct Registered {
     pub instance: Instance,
     pub created: bool,
-    /// What the id held before (possibly expired), so a failed commit can put it back.
-    pub previous: Option<Instance>,
+}
+
+/// A registration computed but not yet visible (see [`Registry::prepare`]).
+#[derive(Debug)]
+pub struct Prepared {
+    spec: Spec,
+    /// What durable storage must hold for the id once this is applied.
+    pub instance: Instance,
+    now: Nanos,
+    /// Whether a `--max-instances` slot was taken for a new id.
+    reserved: bool,
 }
 
 /// Which instances a listing keeps.
 #[derive(Debug, Default, Clone)]
 pub struct Filter {
     pub name: Option<String>,
+    /// Healthy and confirmed instances only (what DNS serves).
     pub healthy_only: bool,
+    /// Leaves out instances parked by the registry's outage (the export and routes).
+    pub confirmed_only: bool,
 }
 
 struct Subscriber {
@@ -99,6 +113,37 @@ struct Entry {
     member: Arc<Member>,
     /// A renewal the durable store has not read yet.
     renewal_pending: AtomicBool,
+    /// Its lease lapsed while the registry could not see heartbeats (stopped, restarted or
+    /// stalled): kept, but not served until a heartbeat, a re-registration or a passing
+    /// check confirms it (see [`Registry::observe`]).
+    unconfirmed: bool,
+}
+
+/// How far the registry's own monotonic clock may jump between two observations (see
+/// [`Registry::observe`], every [`reaper::WATCH_TICK`]) before the gap counts as a stall:
+/// well above scheduling noise on a busy machine, well below any lease (`--min-ttl` 1s
+/// is the floor; a stall shorter than this cannot outlast a heartbeat interval that fits
+/// in a lease).
+pub const STALL: std::time::Duration = std::time::Duration::from_millis(900);
+
+/// The registry's last look at itself: when (on its clock and the monotonic one) it last
+/// knew it was running and able to see heartbeats.
+struct Watch {
+    wall: Nanos,
+    mono: std::time::Instant,
+}
+
+/// Periods the registry could not see heartbeats kept for [`Registry::unseen`]; older ones
+/// no longer hold any due lease.
+const BLIND_KEPT: usize = 16;
+
+impl Entry {
+    /// The instance as readers see it: one awaiting confirmation is not healthy.
+    fn served(&self) -> Instance {
+        let mut instance = self.instance.clone();
+        instance.healthy &= !self.unconfirmed;
+        instance
+    }
 }
 
 pub struct Registry {
@@ -108,29 +153,101 @@ pub struct Registry {
     protocols: DashMap<Arc<str>, std::collections::HashMap<String, usize>>,
     leases: LeaseIndex,
     count: AtomicUsize,
-    serial: AtomicU32,
+    /// The revision: counts every change a reader can see (the SOA serial is its low 32
+    /// bits, blocking queries wait for it to pass their index).
+    revision: AtomicU64,
+    /// Woken at every new revision: held blocking queries wait here, costing no thread and
+    /// no polling.
+    changed: Notify,
     clock: Arc<dyn Clock>,
     settings: Settings,
     subscribers: Mutex<Vec<Subscriber>>,
     expired_seen: Notify,
+    watch: Mutex<Watch>,
+    /// `(from, to]` on the registry's clock: downtime before this start, and stalls.
+    blind: Mutex<Vec<(Nanos, Nanos)>>,
 }
 
 impl Registry {
     pub fn new(settings: Settings, clock: Arc<dyn Clock>) -> Self {
-        // Start the serial at the wall-clock second so that it keeps growing across restarts.
-        let serial = (clock.now() / clock::SECOND) as u32;
+        // Start at the wall-clock second so that it keeps growing across restarts even if the
+        // data file is lost.
+        let revision = (clock.now() / clock::SECOND).max(0) as u64;
         Self {
             instances: DashMap::new(),
             services: DashMap::new(),
             protocols: DashMap::new(),
             leases: LeaseIndex::default(),
             count: AtomicUsize::new(0),
-            serial: AtomicU32::new(serial),
-            clock,
+            revision: AtomicU64::new(revision),
+            changed: Notify::new(),
             settings,
             subscribers: Mutex::new(Vec::new()),
             expired_seen: Notify::new(),
+            watch: Mutex::new(Watch {
+                wall: clock.now(),
+                mono: std::time::Instant::now(),
+            }),
+            blind: Mutex::new(Vec::new()),
+            clock,
         }
+    }
+
+    /// Records that the registry could not see heartbeats over `(from, to]`: the downtime
+    /// before a start (from the time durable storage was last written), or a stall.
+    pub fn blind_between(&self, from: Nanos, to: Nanos) {
+        if from < to {
+            let mut blind = self.blind.lock();
+            if blind.len() == BLIND_KEPT {
+                blind.remove(0);
+            }
+            blind.push((from, to));
+        }
+    }
+
+    /// Called every [`reaper::WATCH_TICK`]. When the monotonic clock moved more than
+    /// [`STALL`] since the last call, the process was stopped or not scheduled: no heartbeat
+    /// could arrive, so leases that ran out meanwhile lapsed unseen. They are parked, not
+    /// expired (see [`Self::reap`]). Returns whether a stall was seen.
+    pub fn observe(&self) -> bool {
+        let now = self.clock.now();
+        let mut watch = self.watch.lock();
+        let gap = watch.mono.elapsed();
+        let stalled = gap > STALL;
+        if stalled {
+            warn!(
+                stalled_ms = gap.as_millis() as u64,
+                "the registry was stopped or not scheduled; leases that ran out meanwhile are kept until their registrants are heard from again"
+            );
+            // Under the watch's lock, so `unseen` finds the stall either in progress or recorded.
+            self.blind_between(watch.wall, now);
+        }
+        *watch = Watch {
+            wall: now,
+            mono: std::time::Instant::now(),
+        };
+        drop(watch);
+        if stalled {
+            self.reap();
+        }
+        stalled
+    }
+
+    /// Whether a lease ending at `deadline` lapsed while the registry could not see
+    /// heartbeats: in a recorded blind period, or after the last observation when the
+    /// monotonic clock says the current one is overdue (a stall not yet observed, e.g. a
+    /// heartbeat handled before the watch's tick after SIGCONT).
+    fn unseen(&self, deadline: Nanos) -> bool {
+        {
+            let watch = self.watch.lock();
+            if deadline > watch.wall && watch.mono.elapsed() > STALL {
+                return true;
+            }
+        }
+        self.blind
+            .lock()
+            .iter()
+            .any(|&(from, to)| from < deadline && deadline <= to)
     }
 
     pub fn now(&self) -> Nanos {
@@ -141,9 +258,37 @@ impl Registry {
         &self.settings.zone
     }
 
-    /// The SOA serial: grows with every change that alters a DNS answer.
+    /// The SOA serial: the low 32 bits of the revision (RFC 1982 arithmetic wraps).
     pub fn serial(&self) -> u32 {
-        self.serial.load(Ordering::Acquire)
+        self.revision() as u32
+    }
+
+    /// The revision: a 64-bit count of changes a reader can see; only grows, across
+    /// restarts too.
+    pub fn revision(&self) -> u64 {
+        self.revision.load(Ordering::Acquire)
+    }
+
+    /// The revision as of now, leases that have ended reaped first (see [`Self::current_serial`]).
+    pub fn current_revision(&self) -> u64 {
+        if self.leases.any_due(self.clock.now()) {
+            self.reap();
+        }
+        self.revision()
+    }
+
+    /// Resolves at the next new revision. Create it, then check the revision, then await
+    /// it, so that a change between the check and the await is not missed.
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
+    }
+
+    /// How long until the earliest lease ends: a blocking query wakes then, because an
+    /// expiry changes what it would answer. `None` when no lease is due to end.
+    pub fn until_next_expiry(&self) -> Option<std::time::Duration> {
+        let earliest = self.leases.earliest();
+        (earliest != NEVER)
+            .then(|| std::time::Duration::from_nanos(earliest.saturating_sub(self.clock.now()).max(0) as u64))
     }
 
     /// The serial as of now: leases that have ended are reaped first, so the serial moves
@@ -156,9 +301,34 @@ impl Registry {
         self.serial()
     }
 
+    /// Instances parked by the registry's outage, awaiting confirmation.
+    pub fn unconfirmed(&self) -> usize {
+        self.instances.iter().filter(|e| e.unconfirmed).count()
+    }
+
     /// Stored instances, including expired ones the reaper has not removed yet.
     pub fn len(&self) -> usize {
         self.count.load(Ordering::Relaxed)
+    }
+
+    /// Per service: how many live instances are healthy and how many are not (metrics).
+    /// Reads the views, so it costs one pass over the members and no copy of an instance.
+    pub fn instance_counts(&self) -> Vec<(String, usize, usize)> {
+        let now = self.clock.now();
+        let mut counts: Vec<(String, usize, usize)> = self
+            .services
+            .iter()
+            .map(|view| {
+                let (healthy, unhealthy) = view
+                    .members
+                    .iter()
+                    .filter(|m| m.lease.alive(now))
+                    .fold((0, 0), |(h, u), m| if m.healthy { (h + 1, u) } else { (h, u + 1) });
+                (view.key().clone(), healthy, unhealthy)
+            })
+            .collect();
+        counts.sort_unstable();
+        counts
     }
 
     pub fn is_empty(&self) -> bool {
@@ -190,7 +360,8 @@ impl Registry {
     }
 
     fn bump(&self) {
-        self.serial.fetch_add(1, Ordering::AcqRel);
+        self.revision.fetch_add(1, Ordering::AcqRel);
+        self.changed.notify_waiters();
     }
 
     /// The lease an instance gets: its own TTL, else the default; 0 = never expire.
@@ -220,11 +391,20 @@ impl Registry {
         spec.effective_kind(self.settings.default_check) != CheckKind::None
     }
 
-    /// The DNS side of an instance stored under `id`.
-    fn member(&self, id: &Arc<str>, instance: &Instance, lease: Arc<Lease>) -> Arc<Member> {
+    /// The DNS side of an instance stored under `id`; an unconfirmed one is not served.
+    fn member(&self, id: &Arc<str>, instance: &Instance, lease: Arc<Lease>, confirmed: bool) -> Arc<Member> {
         // The protocol's name is shared with the `protocols` index, which holds every protocol in use.
-        let protocol = self.protocols.get(instance.protocol.as_str()).map_or_else(|| instance.protocol.as_str().into(), |e| e.key().clone());
-        Arc::new(Member { id: id.clone(), protocol, healthy: instance.healthy, lease, records: InstanceRecords::new(instance) })
+        let protocol = self
+            .protocols
+            .get(instance.protocol.as_str())
+            .map_or_else(|| instance.protocol.as_str().into(), |e| e.key().clone());
+        Arc::new(Member {
+            id: id.clone(),
+            protocol,
+            healthy: instance.healthy && confirmed,
+            lease,
+            records: InstanceRecords::new(instance),
+        })
     }
 
     fn put_member(&self, service: &str, member: Arc<Member>) {
@@ -264,7 +444,12 @@ impl Registry {
     /// so readers may hold a protocol entry while they look views up.
     fn count_protocol(&self, protocol: &Arc<str>, service: &str, add: bool) {
         if add {
-            *self.protocols.entry(protocol.clone()).or_default().entry(service.to_owned()).or_default() += 1;
+            *self
+                .protocols
+                .entry(protocol.clone())
+                .or_default()
+                .entry(service.to_owned())
+                .or_default() += 1;
         } else if let MapEntry::Occupied(mut services) = self.protocols.entry(protocol.clone()) {
             if let Some(count) = services.get_mut().get_mut(service) {
                 *count -= 1;
@@ -283,21 +468,76 @@ impl Registry {
     pub fn protocol_answerable(&self, protocol: &str, now: Nanos) -> bool {
         self.protocols.get(protocol).is_some_and(|services| {
             services.keys().any(|service| {
-                self.view(service).is_some_and(|v| v.answerable(now).any(|m| *m.protocol == *protocol))
+                self.view(service)
+                    .is_some_and(|v| v.answerable(now).any(|m| *m.protocol == *protocol))
             })
         })
     }
 
-    /// R2: an idempotent upsert. Re-registering a live id keeps `registered_at` and, when
-    /// the health checker owns the flag and the check settings, address and port are
-    /// unchanged, `healthy`;
-    /// registering an id whose lease has run out is a new registration.
+    /// R2: an idempotent upsert, applied at once. The REST path goes through
+    /// [`Self::prepare`] and [`Self::apply`] instead, with the commit in between.
     pub fn register(&self, spec: Spec) -> Result<Registered, RegistryError> {
+        let prepared = self.prepare(spec)?;
+        Ok(self.apply(prepared))
+    }
+
+    /// The instance a registration will store, computed without changing anything a reader
+    /// can see, so that it can be made durable first. A new id takes one of the
+    /// `--max-instances` slots now (given back by [`Self::cancel`]), so concurrent
+    /// registrations never overshoot the cap.
+    pub fn prepare(&self, spec: Spec) -> Result<Prepared, RegistryError> {
         let now = self.clock.now();
-        let deadline = self.deadline(now, spec.ttl_ns);
-        let id: Arc<str> = spec.id.as_str().into();
-        let new_check = CheckSpec::from_labels(&spec.metadata, &spec.tags).expect("validated with the spec");
-        let stamp = |registered_at: Nanos, healthy: bool| Instance {
+        // Expired instances the reaper has not swept yet must not crowd out a live one:
+        // sweep them before the limit is checked. Outside any entry lock, as `reap` takes them.
+        if self.len() >= self.settings.max_instances && self.leases.any_due(now) {
+            self.reap();
+        }
+        let (instance, existing) = match self.instances.get(spec.id.as_str()) {
+            Some(entry) => (
+                self.stamp(&spec, now, Some((&entry.instance, entry.lease.alive(now)))),
+                true,
+            ),
+            None => (self.stamp(&spec, now, None), false),
+        };
+        if !existing {
+            let max = self.settings.max_instances;
+            if self.count.fetch_add(1, Ordering::AcqRel) >= max {
+                self.count.fetch_sub(1, Ordering::AcqRel);
+                return Err(RegistryError::Full { max });
+            }
+        }
+        Ok(Prepared {
+            spec,
+            instance,
+            now,
+            reserved: !existing,
+        })
+    }
+
+    /// Gives back what [`Self::prepare`] took: its commit failed, nothing was shown.
+    pub fn cancel(&self, prepared: Prepared) {
+        if prepared.reserved {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// What `spec` stores at `now` over `old` (the stored instance and whether it is alive).
+    /// Re-registering a live id keeps `registered_at` and, when the health checker owns the
+    /// flag and the check settings, address and port are unchanged, `healthy`; registering
+    /// an id whose lease has run out is a new registration.
+    fn stamp(&self, spec: &Spec, now: Nanos, old: Option<(&Instance, bool)>) -> Instance {
+        let (registered_at, healthy) = match old {
+            Some((old, true)) => {
+                let new_check = CheckSpec::from_labels(&spec.metadata, &spec.tags).expect("validated with the spec");
+                let old_check = CheckSpec::from_labels(&old.metadata, &old.tags).expect("stored specs are valid");
+                // The checker restarts on new settings or a new target; so does the flag.
+                let same_check = old_check == new_check && old.address == spec.address && old.port == spec.port;
+                let keep_health = self.checked(&new_check) && same_check;
+                (old.registered_at, if keep_health { old.healthy } else { spec.healthy })
+            }
+            _ => (now, spec.healthy),
+        };
+        Instance {
             id: spec.id.clone(),
             name: spec.name.clone(),
             address: spec.address.clone(),
@@ -311,59 +551,106 @@ impl Registry {
             ttl_ns: spec.ttl_ns,
             registered_at,
             updated_at: now,
-        };
+        }
+    }
+
+    /// Makes a prepared registration visible: DNS, listings, export and the subscribers see
+    /// it from here on. Called once the prepared instance is durable.
+    ///
+    /// The stamps are computed again under the entry's lock, from the same `now`: a health
+    /// flip or a reap between [`Self::prepare`] and here is honoured (the durable store
+    /// rewrites the instance on the `Upserted` event).
+    pub fn apply(&self, prepared: Prepared) -> Registered {
+        let Prepared {
+            spec,
+            instance: written,
+            now,
+            reserved,
+        } = prepared;
+        let deadline = self.deadline(now, spec.ttl_ns);
+        let id: Arc<str> = spec.id.as_str().into();
+        // Whether what is applied differs from what was committed.
+        let mut changed = false;
         let registered = match self.instances.entry(id.clone()) {
             MapEntry::Occupied(mut occupied) => {
+                if reserved {
+                    // Only a restore at start could have put the id here since `prepare`.
+                    self.count.fetch_sub(1, Ordering::AcqRel);
+                }
                 // The stored key, so that the index and the view share its allocation.
                 let id = occupied.key().clone();
                 let entry = occupied.get_mut();
                 let alive = entry.lease.alive(now);
                 let old = &entry.instance;
-                let old_check = CheckSpec::from_labels(&old.metadata, &old.tags).expect("stored specs are valid");
-                // The checker restarts on new settings or a new target; so does the flag.
-                let same_check = old_check == new_check && old.address == spec.address && old.port == spec.port;
-                let keep_health = alive && self.checked(&new_check) && same_check;
-                let instance = stamp(
-                    if alive { old.registered_at } else { now },
-                    if keep_health { old.healthy } else { spec.healthy },
-                );
+                if alive && old.protocol != spec.protocol {
+                    // The default id leaves the protocol out (the contract's
+                    // `<name>-<address>-<port>`), so one port registered over UDP and then TCP
+                    // replaces the first: say so, since the registrant may not have meant it.
+                    warn!(id = %id, service = %spec.name, from = %old.protocol, to = %spec.protocol,
+                          "re-registration changed the instance's protocol and replaced it; give explicit ids to register one port over several protocols");
+                }
+                let instance = self.stamp(&spec, now, Some((old, alive)));
+                changed = instance != written;
                 let earlier = self.move_lease(&id, &entry.lease, deadline);
-                let member = self.member(&id, &instance, entry.lease.clone());
+                // A registration confirms an instance parked by a stall or a restart.
+                let confirmed_now = std::mem::take(&mut entry.unconfirmed);
+                let member = self.member(&id, &instance, entry.lease.clone(), true);
                 let renamed = old.name != instance.name;
                 if renamed {
                     self.remove_member(&old.name, &id);
                 }
-                if renamed || !alive || !entry.member.same_answers(&member) {
+                if renamed || !alive || confirmed_now || !entry.member.same_answers(&member) {
                     self.put_member(&instance.name, member.clone());
                     entry.member = member;
                     self.bump();
                 } else if earlier {
                     self.put_member(&instance.name, entry.member.clone());
                 }
-                let previous = std::mem::replace(&mut entry.instance, instance.clone());
-                Registered { instance, created: !alive, previous: Some(previous) }
+                entry.instance = instance.clone();
+                Registered {
+                    instance,
+                    created: !alive,
+                }
             }
             MapEntry::Vacant(vacant) => {
-                let max = self.settings.max_instances;
-                if self.count.fetch_add(1, Ordering::AcqRel) >= max {
-                    self.count.fetch_sub(1, Ordering::AcqRel);
-                    return Err(RegistryError::Full { max });
-                }
-                let instance = stamp(now, spec.healthy);
+                let instance = if reserved {
+                    // New when prepared, new now: the very instance that was committed.
+                    written
+                } else {
+                    // Reaped since `prepare`: the slot it held is taken again, so the cap may
+                    // be passed by the registrations racing a sweep, at most one each.
+                    self.count.fetch_add(1, Ordering::AcqRel);
+                    changed = true;
+                    self.stamp(&spec, now, None)
+                };
                 let lease = Arc::new(Lease::new(deadline));
-                let member = self.member(&id, &instance, lease.clone());
+                let member = self.member(&id, &instance, lease.clone(), true);
                 self.put_member(&instance.name, member.clone());
                 self.leases.reschedule(&id, None, deadline);
-                vacant.insert(Entry { instance: instance.clone(), lease, member, renewal_pending: AtomicBool::new(false) });
+                vacant.insert(Entry {
+                    instance: instance.clone(),
+                    lease,
+                    member,
+                    renewal_pending: AtomicBool::new(false),
+                    unconfirmed: false,
+                });
                 self.bump();
-                Registered { instance, created: true, previous: None }
+                Registered {
+                    instance,
+                    created: true,
+                }
             }
         };
         let inst = &registered.instance;
         info!(id = %inst.id, service = %inst.name, address = %inst.address, port = inst.port,
               created = registered.created, "instance registered");
-        self.emit(Event::Upserted(id));
-        Ok(registered)
+        self.emit(Event::Upserted(id.clone()));
+        if changed {
+            // A health flip or a reap since `prepare` made it differ from what was
+            // committed: the durable store re-reads it with the next batch, as after a renewal.
+            self.emit(Event::Renewed(id));
+        }
+        registered
     }
 
     /// R3: renews a live lease. `None` when the id is unknown or its lease has run out, even
@@ -377,7 +664,10 @@ impl Registry {
     pub fn heartbeat_with<R>(&self, id: &str, f: impl FnOnce(&Instance) -> R) -> Option<R> {
         let now = self.clock.now();
         let mut entry = self.instances.get_mut(id)?;
-        if !entry.lease.alive(now) {
+        // A lease that ran out while the registry could not see heartbeats is renewed: the
+        // registrant kept its side of the contract.
+        let lapsed_unseen = !entry.lease.alive(now) && self.unseen(entry.lease.deadline());
+        if !entry.lease.alive(now) && !lapsed_unseen {
             drop(entry);
             self.expired_seen.notify_one();
             return None;
@@ -386,7 +676,16 @@ impl Registry {
         entry.instance.updated_at = now;
         // Only after a restart's grace, or with the clock stepped back, does a renewal end
         // sooner than the lease it replaces.
-        if self.move_lease(entry.key(), &entry.lease, deadline) {
+        let earlier = self.move_lease(entry.key(), &entry.lease, deadline);
+        if lapsed_unseen || entry.unconfirmed {
+            // Confirmed: served again, under a new serial.
+            entry.unconfirmed = false;
+            let member = self.member(entry.key(), &entry.instance, entry.lease.clone(), true);
+            self.put_member(&entry.instance.name, member.clone());
+            entry.member = member;
+            self.bump();
+            info!(id = %entry.key(), service = %entry.instance.name, "instance confirmed by a heartbeat after the registry's outage");
+        } else if earlier {
             self.put_member(&entry.instance.name, entry.member.clone());
         }
         let out = f(&entry.instance);
@@ -415,17 +714,6 @@ impl Registry {
         }
     }
 
-    /// Undoes a register whose commit failed: puts back what the id held before.
-    pub fn undo_register(&self, registered: Registered) {
-        let id: Arc<str> = registered.instance.id.as_str().into();
-        if let Some((id, entry)) = self.instances.remove(&id) {
-            self.forget(&id, &entry);
-        }
-        if let Some(previous) = registered.previous {
-            self.put_back(previous, 0);
-        }
-    }
-
     fn forget(&self, id: &Arc<str>, entry: &Entry) {
         self.leases.remove(id, entry.lease.deadline());
         self.remove_member(&entry.instance.name, id);
@@ -443,15 +731,48 @@ impl Registry {
         // finds them due (see `current_serial`) must already see the serial of the zone
         // without them, even while this sweep is still removing them.
         for id in self.leases.take_due(now, || self.bump()) {
+            if self.park(&id, now) {
+                continue;
+            }
             // A heartbeat may have renewed the lease since it was taken from the index; the
             // check under the entry's lock settles the race.
             if let Some((id, entry)) = self.instances.remove_if(&id, |_, e| !e.lease.alive(now)) {
                 self.forget(&id, &entry);
                 info!(id = %id, service = %entry.instance.name, "instance expired");
+                crate::metrics::expiry();
                 removed += 1;
             }
         }
         removed
+    }
+
+    /// Keeps an instance whose lease lapsed unseen (see [`Self::unseen`]) for one more TTL
+    /// from `now`, not served: its registrant may be alive and heart-beating into a registry
+    /// that could not hear it. A heartbeat, registration or passing check confirms it; with
+    /// none, the next reap after that TTL removes it. Returns whether it was parked.
+    ///
+    /// No Eureka-style self-preservation beyond this: when many leases lapse while the
+    /// registry is running and scheduled, their registrants (or the network to them) failed,
+    /// and they expire as their leases say.
+    fn park(&self, id: &Arc<str>, now: Nanos) -> bool {
+        let Some(mut entry) = self.instances.get_mut(id) else {
+            return false;
+        };
+        let lapsed = entry.lease.deadline();
+        // An unconfirmed one is parked again if its extension, too, ran out unseen.
+        if entry.lease.alive(now) || !self.unseen(lapsed) {
+            return false;
+        }
+        let deadline = self.deadline(now, entry.instance.ttl_ns);
+        entry.lease.set(deadline);
+        self.leases.reschedule(id, None, deadline);
+        entry.unconfirmed = true;
+        let member = self.member(id, &entry.instance, entry.lease.clone(), false);
+        self.put_member(&entry.instance.name, member.clone());
+        entry.member = member;
+        info!(id = %id, service = %entry.instance.name,
+              "lease lapsed while the registry could not see heartbeats; kept unserved until confirmed");
+        true
     }
 
     /// Wakes the reaper early: a reader met an instance whose lease has run out.
@@ -468,11 +789,15 @@ impl Registry {
         let Some(mut entry) = self.instances.get_mut(id) else {
             return false;
         };
-        if entry.instance.healthy == healthy {
+        // A passing check confirms an instance parked by the registry's outage.
+        let confirms = healthy && entry.unconfirmed;
+        if entry.instance.healthy == healthy && !confirms {
             return false;
         }
         entry.instance.healthy = healthy;
-        let member = self.member(entry.key(), &entry.instance, entry.lease.clone());
+        entry.unconfirmed &= !healthy;
+        let confirmed = !entry.unconfirmed;
+        let member = self.member(entry.key(), &entry.instance, entry.lease.clone(), confirmed);
         self.put_member(&entry.instance.name, member.clone());
         entry.member = member;
         let id = entry.key().clone();
@@ -480,6 +805,11 @@ impl Registry {
         self.bump();
         self.emit(Event::HealthChanged(id));
         true
+    }
+
+    /// Whether the id is stored (expired or not): durable storage keeps a record of it.
+    pub fn holds(&self, id: &str) -> bool {
+        self.instances.contains_key(id)
     }
 
     /// Any stored instance, expired or not: what durable storage should hold for `id` now.
@@ -491,32 +821,39 @@ impl Registry {
         })
     }
 
-    /// Makes the serial at least `floor`, so it keeps growing across restarts.
-    pub fn raise_serial(&self, floor: u32) {
-        self.serial.fetch_max(floor, Ordering::AcqRel);
+    /// Makes the revision at least `floor`, so it keeps growing across restarts.
+    pub fn raise_revision(&self, floor: u64) {
+        self.revision.fetch_max(floor, Ordering::AcqRel);
     }
 
-    /// A live instance.
+    /// A live instance. An unconfirmed one reads as unhealthy: it is not served.
     pub fn get(&self, id: &str) -> Option<Instance> {
         let now = self.clock.now();
-        self.instances.get(id).filter(|e| e.lease.alive(now)).map(|e| e.instance.clone())
+        self.instances
+            .get(id)
+            .filter(|e| e.lease.alive(now))
+            .map(|e| e.served())
     }
 
     /// Live instances matching `filter`, sorted by name, then id.
     pub fn list(&self, filter: &Filter) -> Vec<Instance> {
         let now = self.clock.now();
-        let keep = |e: &Entry| e.lease.alive(now) && (!filter.healthy_only || e.instance.healthy);
+        let keep = |e: &Entry| {
+            e.lease.alive(now)
+                && (!filter.healthy_only || e.instance.healthy)
+                && !((filter.healthy_only || filter.confirmed_only) && e.unconfirmed)
+        };
         let mut out: Vec<Instance> = match &filter.name {
             Some(name) => self
                 .view(name)
                 .map(|v| {
                     v.members
                         .iter()
-                        .filter_map(|m| self.instances.get(&*m.id).filter(|e| keep(e)).map(|e| e.instance.clone()))
+                        .filter_map(|m| self.instances.get(&*m.id).filter(|e| keep(e)).map(|e| e.served()))
                         .collect()
                 })
                 .unwrap_or_default(),
-            None => self.instances.iter().filter(|e| keep(e)).map(|e| e.instance.clone()).collect(),
+            None => self.instances.iter().filter(|e| keep(e)).map(|e| e.served()).collect(),
         };
         out.sort_unstable_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
         out
@@ -551,25 +888,39 @@ impl Registry {
     }
 
     /// Puts back an instance with its stored stamps (from durable storage at start, or to
-    /// undo a failed change), its lease extended by `grace`. One already past its lease is
-    /// dropped; returns whether it was put back.
+    /// undo a failed change), its lease extended by `grace`. One whose lease lapsed while
+    /// the registry was down (see [`Self::blind_between`]) is kept unconfirmed for one more
+    /// TTL; one already past its lease before that is dropped. Returns whether it was put back.
     pub fn put_back(&self, instance: Instance, grace: Nanos) -> bool {
         let id: Arc<str> = instance.id.as_str().into();
-        let deadline = match self.deadline(instance.updated_at, instance.ttl_ns) {
+        let now = self.clock.now();
+        let mut deadline = match self.deadline(instance.updated_at, instance.ttl_ns) {
             NEVER => NEVER,
             d => d.saturating_add(grace),
         };
-        if deadline <= self.clock.now() {
+        let unconfirmed = deadline <= now && self.unseen(deadline);
+        if unconfirmed {
+            deadline = self.deadline(now, instance.ttl_ns);
+        } else if deadline <= now {
             return false;
         }
         if let Some((id, old)) = self.instances.remove(&id) {
             self.forget(&id, &old);
         }
         let lease = Arc::new(Lease::new(deadline));
-        let member = self.member(&id, &instance, lease.clone());
+        let member = self.member(&id, &instance, lease.clone(), !unconfirmed);
         self.put_member(&instance.name, member.clone());
         self.leases.reschedule(&id, None, deadline);
-        self.instances.insert(id.clone(), Entry { instance, lease, member, renewal_pending: AtomicBool::new(false) });
+        self.instances.insert(
+            id.clone(),
+            Entry {
+                instance,
+                lease,
+                member,
+                renewal_pending: AtomicBool::new(false),
+                unconfirmed,
+            },
+        );
         self.count.fetch_add(1, Ordering::AcqRel);
         self.bump();
         self.emit(Event::Upserted(id));

@@ -1,15 +1,17 @@
 //! The store: the registry's narrow write interface. Every mutation a client is told
 //! succeeded goes through here, so durable storage (and later etcd) sits behind one seam.
 //!
-//! Register and deregister hold a per-id stripe lock, apply the change in memory, wait for
-//! its commit, and undo it if the commit fails: a 2xx is durable, an error changed nothing.
+//! Register and deregister hold a per-id stripe lock. A registration is committed first and
+//! applied in memory after (nothing is seen before it is durable); a deregistration hides
+//! the instance first and puts it back if its commit fails. A 2xx is durable, an error
+//! changed nothing a reader can see.
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
 use tokio::sync::Mutex;
 
-use super::disk::Disk;
+use super::disk::{Disk, Stored};
 use super::instance::{Instance, Spec};
 use super::{Registered, Registry, RegistryError};
 
@@ -33,7 +35,12 @@ pub struct Store {
 
 impl Store {
     pub fn new(registry: Arc<Registry>, disk: Disk) -> Self {
-        Self { registry, disk, stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(), hasher: RandomState::new() }
+        Self {
+            registry,
+            disk,
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            hasher: RandomState::new(),
+        }
     }
 
     fn stripe(&self, id: &str) -> &Mutex<()> {
@@ -44,14 +51,19 @@ impl Store {
         self.disk.write(vec![id.into()]).await.map_err(StoreError::Unavailable)
     }
 
+    /// Durable before visible: the instance is committed first and shown only once the
+    /// commit is acknowledged, so no reader (DNS, listings, export, routes, watchers) sees a
+    /// registration that a `kill -9` could lose, or one answered 503.
     pub async fn register(&self, spec: Spec) -> Result<Registered, StoreError> {
         let _guard = self.stripe(&spec.id).lock().await;
-        let registered = self.registry.register(spec)?;
-        if let Err(e) = self.commit(&registered.instance.id).await {
-            self.registry.undo_register(registered);
-            return Err(e);
+        let prepared = self.registry.prepare(spec)?;
+        if let Err(e) = self.disk.put(Stored::new(&prepared.instance)).await {
+            self.registry.cancel(prepared);
+            return Err(StoreError::Unavailable(e));
         }
-        Ok(registered)
+        // The registration becomes visible here, after its commit: the point where a change
+        // revision would be taken.
+        Ok(self.registry.apply(prepared))
     }
 
     /// Lease renewals are persisted in batches (see [`super::disk`]), never one by one.
@@ -73,8 +85,13 @@ impl Store {
         Ok(true)
     }
 
-    /// Writes everything still pending and stops the writer.
-    pub async fn close(&self) {
-        self.disk.close().await;
+    /// The disk's state, for `/healthz`.
+    pub fn disk_status(&self) -> super::disk::DiskStatus {
+        self.disk.status()
+    }
+
+    /// Writes everything still pending and stops the writer; an error if that failed.
+    pub async fn close(&self) -> Result<(), String> {
+        self.disk.close().await
     }
 }

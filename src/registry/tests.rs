@@ -41,7 +41,12 @@ fn spec(id: &str, name: &str) -> Spec {
 }
 
 fn spec_ttl(id: &str, name: &str, ttl_ns: i64) -> Spec {
-    Registration { ttl_ns: Some(ttl_ns), ..reg(id, name) }.validate().unwrap()
+    Registration {
+        ttl_ns: Some(ttl_ns),
+        ..reg(id, name)
+    }
+    .validate()
+    .unwrap()
 }
 
 fn ids(instances: &[Instance]) -> Vec<String> {
@@ -60,7 +65,9 @@ fn answerable_ids(r: &Registry, service: &str) -> Vec<String> {
 }
 
 fn view_ids(r: &Registry, service: &str) -> Vec<String> {
-    r.view(service).map(|v| v.members.iter().map(|m| m.id.to_string()).collect()).unwrap_or_default()
+    r.view(service)
+        .map(|v| v.members.iter().map(|m| m.id.to_string()).collect())
+        .unwrap_or_default()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -109,7 +116,11 @@ fn re_register_is_upsert_keeping_registered_at_and_replacing_mutable_fields() {
     let i = r.get("a").unwrap();
     assert_eq!(i, second.instance);
     assert_eq!(i.registered_at, first.instance.registered_at, "registered_at is kept");
-    assert_eq!(i.updated_at, clock.now(), "updated_at is the time of the re-registration");
+    assert_eq!(
+        i.updated_at,
+        clock.now(),
+        "updated_at is the time of the re-registration"
+    );
     assert_eq!(i.address, "10.0.0.2");
     assert_eq!(i.port, 9090);
     assert_eq!(i.protocol, "udp");
@@ -160,7 +171,10 @@ fn heartbeat_renews_the_lease_and_bumps_updated_at() {
     assert_eq!(beat.registered_at, first.registered_at);
     assert_eq!(r.get("a").unwrap().updated_at, clock.now());
     clock.advance(9 * SEC);
-    assert!(r.get("a").is_some(), "still alive 18s after registration thanks to the heartbeat");
+    assert!(
+        r.get("a").is_some(),
+        "still alive 18s after registration thanks to the heartbeat"
+    );
     assert!(r.heartbeat("a").is_some());
     clock.advance(10 * SEC - NS);
     assert!(r.get("a").is_some());
@@ -377,14 +391,32 @@ fn expired_but_unreaped_is_invisible() {
     clock.advance(10 * SEC);
     assert_eq!(r.len(), 2, "still stored: the reaper has not run");
     assert_eq!(all(&r), vec!["b"], "not listed");
-    assert_eq!(ids(&r.list(&Filter { name: Some("voice".into()), healthy_only: false })), vec!["b"]);
-    assert_eq!(ids(&r.list(&Filter { name: None, healthy_only: true })), vec!["b"]);
+    assert_eq!(
+        ids(&r.list(&Filter {
+            name: Some("voice".into()),
+            healthy_only: false,
+            ..Filter::default()
+        })),
+        vec!["b"]
+    );
+    assert_eq!(
+        ids(&r.list(&Filter {
+            name: None,
+            healthy_only: true,
+            ..Filter::default()
+        })),
+        vec!["b"]
+    );
     assert!(r.get("a").is_none(), "not gettable");
     assert!(r.heartbeat("a").is_none(), "not renewable");
     assert!(r.get("a").is_none(), "the failed heartbeat did not resurrect it");
     assert_eq!(answerable_ids(&r, "voice"), vec!["b"], "not answerable in DNS");
     let view = r.view("voice").unwrap();
-    let a = view.members.iter().find(|m| &*m.id == "a").expect("still in the view until reaped");
+    let a = view
+        .members
+        .iter()
+        .find(|m| &*m.id == "a")
+        .expect("still in the view until reaped");
     assert!(!a.answerable(r.now()));
 
     // Alone in its service: the service disappears from the names as well.
@@ -425,7 +457,10 @@ fn expired_instance_cannot_be_deregistered() {
     let (r, clock) = registry(10 * SEC);
     r.register(spec("a", "voice")).unwrap();
     clock.advance(10 * SEC);
-    assert!(r.deregister("a").is_none(), "an expired instance is unknown to a registrant");
+    assert!(
+        r.deregister("a").is_none(),
+        "an expired instance is unknown to a registrant"
+    );
     assert!(r.is_empty(), "but it is removed all the same");
     assert!(r.leases.is_empty());
     assert_eq!(r.reap(), 0);
@@ -449,7 +484,15 @@ fn serial_grows_with_changes_but_not_with_a_no_op_re_register_or_heartbeat() {
     r.heartbeat("a").unwrap();
     assert_eq!(r.serial(), s1, "a heartbeat changes no answer");
 
-    r.register(Registration { port: Some(9999), ..reg("a", "voice") }.validate().unwrap()).unwrap();
+    r.register(
+        Registration {
+            port: Some(9999),
+            ..reg("a", "voice")
+        }
+        .validate()
+        .unwrap(),
+    )
+    .unwrap();
     let s2 = r.serial();
     assert!(s2 > s1, "a re-register that changes the SRV bumps");
 
@@ -479,9 +522,15 @@ fn a_lease_moved_earlier_replaces_the_view_and_a_renewal_does_not() {
     let view = r.view("voice").unwrap();
     clock.advance(SEC);
     r.heartbeat("a").unwrap();
-    assert!(Arc::ptr_eq(&view, &r.view("voice").unwrap()), "a renewal keeps the view");
+    assert!(
+        Arc::ptr_eq(&view, &r.view("voice").unwrap()),
+        "a renewal keeps the view"
+    );
     r.register(spec("a", "voice")).unwrap();
-    assert!(Arc::ptr_eq(&view, &r.view("voice").unwrap()), "an identical re-register keeps the view");
+    assert!(
+        Arc::ptr_eq(&view, &r.view("voice").unwrap()),
+        "an identical re-register keeps the view"
+    );
 
     let serial = r.serial();
     r.register(spec_ttl("a", "voice", 5_000_000_000)).unwrap();
@@ -494,7 +543,10 @@ fn a_lease_moved_earlier_replaces_the_view_and_a_renewal_does_not() {
     assert!(r.put_back(restored, 10_000_000_000));
     let before = r.view("voice").unwrap();
     r.heartbeat("a").unwrap();
-    assert!(!Arc::ptr_eq(&before, &r.view("voice").unwrap()), "a renewal that ends sooner comes with a new view");
+    assert!(
+        !Arc::ptr_eq(&before, &r.view("voice").unwrap()),
+        "a renewal that ends sooner comes with a new view"
+    );
 }
 
 /// The durable store learns of a renewal once; it reads the latest stamp when it writes.
@@ -509,11 +561,22 @@ fn renewals_are_announced_once_until_the_store_reads_the_instance() {
         r.heartbeat("a").unwrap();
     }
     assert_eq!(events.try_recv().unwrap(), Event::Renewed("a".into()));
-    assert!(events.try_recv().is_err(), "later renewals are covered by the first announcement");
-    assert_eq!(r.to_persist("a").unwrap().updated_at, r.now(), "the store writes the latest renewal");
+    assert!(
+        events.try_recv().is_err(),
+        "later renewals are covered by the first announcement"
+    );
+    assert_eq!(
+        r.to_persist("a").unwrap().updated_at,
+        r.now(),
+        "the store writes the latest renewal"
+    );
     clock.advance(SEC);
     r.heartbeat("a").unwrap();
-    assert_eq!(events.try_recv().unwrap(), Event::Renewed("a".into()), "announced again after the store read it");
+    assert_eq!(
+        events.try_recv().unwrap(),
+        Event::Renewed("a".into()),
+        "announced again after the store read it"
+    );
 }
 
 #[test]
@@ -552,10 +615,20 @@ fn max_instances_refuses_new_ids_with_full() {
     assert!(r.register(spec("a", "voice")).unwrap().created);
 
     assert!(r.deregister("a").is_some());
-    assert!(r.register(spec("c", "voice")).unwrap().created, "room again after a deregister");
-    assert!(matches!(r.register(spec("d", "voice")), Err(RegistryError::Full { .. })));
-    assert_eq!(r.reap(), 1, "b expired");
-    assert!(r.register(spec("d", "voice")).unwrap().created, "room again after a reap");
+    assert!(
+        r.register(spec("c", "voice")).unwrap().created,
+        "room again after a deregister"
+    );
+    // b expired with a: at the cap, it is reaped before the registration is refused.
+    assert!(
+        r.register(spec("d", "voice")).unwrap().created,
+        "an expired instance does not hold a slot"
+    );
+    assert_eq!(all(&r), vec!["c", "d"]);
+    assert!(matches!(
+        r.register(spec("e", "voice")),
+        Err(RegistryError::Full { .. })
+    ));
 }
 
 #[test]
@@ -572,8 +645,22 @@ fn re_registering_with_another_name_moves_the_instance() {
     assert_eq!(view_ids(&r, "chat"), vec!["a"]);
     assert_eq!(answerable_ids(&r, "chat"), vec!["a"]);
     assert_eq!(r.get("a").unwrap().name, "chat");
-    assert_eq!(ids(&r.list(&Filter { name: Some("voice".into()), healthy_only: false })), vec!["b"]);
-    assert_eq!(ids(&r.list(&Filter { name: Some("chat".into()), healthy_only: false })), vec!["a"]);
+    assert_eq!(
+        ids(&r.list(&Filter {
+            name: Some("voice".into()),
+            healthy_only: false,
+            ..Filter::default()
+        })),
+        vec!["b"]
+    );
+    assert_eq!(
+        ids(&r.list(&Filter {
+            name: Some("chat".into()),
+            healthy_only: false,
+            ..Filter::default()
+        })),
+        vec!["a"]
+    );
     assert_eq!(r.service_names(&Filter::default()), vec!["chat", "voice"]);
 
     // Moving the last instance of a service removes the service.
@@ -608,11 +695,33 @@ fn rename_of_an_expired_instance_leaves_no_ghost_in_the_old_view() {
 #[test]
 fn list_is_sorted_by_name_then_id_and_filters() {
     let (r, _) = registry(10 * SEC);
-    for (id, name) in [("z", "beta"), ("m", "alpha"), ("b", "beta"), ("a", "gamma"), ("c", "alpha")] {
+    for (id, name) in [
+        ("z", "beta"),
+        ("m", "alpha"),
+        ("b", "beta"),
+        ("a", "gamma"),
+        ("c", "alpha"),
+    ] {
         r.register(spec(id, name)).unwrap();
     }
-    r.register(Registration { healthy: Some(false), ..reg("sick", "delta") }.validate().unwrap()).unwrap();
-    r.register(Registration { healthy: Some(false), ..reg("d", "alpha") }.validate().unwrap()).unwrap();
+    r.register(
+        Registration {
+            healthy: Some(false),
+            ..reg("sick", "delta")
+        }
+        .validate()
+        .unwrap(),
+    )
+    .unwrap();
+    r.register(
+        Registration {
+            healthy: Some(false),
+            ..reg("d", "alpha")
+        }
+        .validate()
+        .unwrap(),
+    )
+    .unwrap();
     let list = r.list(&Filter::default());
     let pairs: Vec<(String, String)> = list.iter().map(|i| (i.name.to_string(), i.id.to_string())).collect();
     let expect: Vec<(String, String)> = [
@@ -628,14 +737,50 @@ fn list_is_sorted_by_name_then_id_and_filters() {
     .map(|(n, i)| (n.to_string(), i.to_string()))
     .collect();
     assert_eq!(pairs, expect);
-    assert_eq!(r.service_names(&Filter::default()), vec!["alpha", "beta", "delta", "gamma"]);
-    let healthy = Filter { name: None, healthy_only: true };
+    assert_eq!(
+        r.service_names(&Filter::default()),
+        vec!["alpha", "beta", "delta", "gamma"]
+    );
+    let healthy = Filter {
+        name: None,
+        healthy_only: true,
+        ..Filter::default()
+    };
     assert_eq!(ids(&r.list(&healthy)), vec!["c", "m", "b", "z", "a"]);
-    assert_eq!(r.service_names(&healthy), vec!["alpha", "beta", "gamma"], "delta has no healthy instance");
-    assert_eq!(ids(&r.list(&Filter { name: Some("alpha".into()), healthy_only: false })), vec!["c", "d", "m"]);
-    assert_eq!(ids(&r.list(&Filter { name: Some("alpha".into()), healthy_only: true })), vec!["c", "m"]);
-    assert!(r.list(&Filter { name: Some("nope".into()), healthy_only: false }).is_empty());
-    assert_eq!(answerable_ids(&r, "alpha"), vec!["c", "m"], "DNS answers healthy instances only");
+    assert_eq!(
+        r.service_names(&healthy),
+        vec!["alpha", "beta", "gamma"],
+        "delta has no healthy instance"
+    );
+    assert_eq!(
+        ids(&r.list(&Filter {
+            name: Some("alpha".into()),
+            healthy_only: false,
+            ..Filter::default()
+        })),
+        vec!["c", "d", "m"]
+    );
+    assert_eq!(
+        ids(&r.list(&Filter {
+            name: Some("alpha".into()),
+            healthy_only: true,
+            ..Filter::default()
+        })),
+        vec!["c", "m"]
+    );
+    assert!(
+        r.list(&Filter {
+            name: Some("nope".into()),
+            healthy_only: false,
+            ..Filter::default()
+        })
+        .is_empty()
+    );
+    assert_eq!(
+        answerable_ids(&r, "alpha"),
+        vec!["c", "m"],
+        "DNS answers healthy instances only"
+    );
     assert!(answerable_ids(&r, "delta").is_empty());
 }
 
@@ -684,25 +829,94 @@ fn defaults_of_a_minimal_registration() {
 #[test]
 fn name_is_required() {
     refused(Registration { name: None, ..base() }, "name");
-    refused(Registration { name: Some(String::new()), ..base() }, "name");
+    refused(
+        Registration {
+            name: Some(String::new()),
+            ..base()
+        },
+        "name",
+    );
 }
 
 #[test]
 fn name_is_one_dns_label_of_at_most_63_characters() {
     let n63 = "a".repeat(63);
-    assert_eq!(Registration { name: Some(n63.clone()), ..base() }.validate().unwrap().name, n63);
-    refused(Registration { name: Some("a".repeat(64)), ..base() }, "name");
-    assert_eq!(Registration { name: Some("a".into()), ..base() }.validate().unwrap().name, "a");
-    assert_eq!(Registration { name: Some("a-1-b".into()), ..base() }.validate().unwrap().name, "a-1-b");
-    assert_eq!(Registration { name: Some("9lives".into()), ..base() }.validate().unwrap().name, "9lives");
-    for bad in ["-voice", "voice-", "-", "voice.koder", "voice_1", "voi ce", "vöice", "_voice", "voice/1"] {
-        refused(Registration { name: Some(bad.into()), ..base() }, "name");
+    assert_eq!(
+        Registration {
+            name: Some(n63.clone()),
+            ..base()
+        }
+        .validate()
+        .unwrap()
+        .name,
+        n63
+    );
+    refused(
+        Registration {
+            name: Some("a".repeat(64)),
+            ..base()
+        },
+        "name",
+    );
+    assert_eq!(
+        Registration {
+            name: Some("a".into()),
+            ..base()
+        }
+        .validate()
+        .unwrap()
+        .name,
+        "a"
+    );
+    assert_eq!(
+        Registration {
+            name: Some("a-1-b".into()),
+            ..base()
+        }
+        .validate()
+        .unwrap()
+        .name,
+        "a-1-b"
+    );
+    assert_eq!(
+        Registration {
+            name: Some("9lives".into()),
+            ..base()
+        }
+        .validate()
+        .unwrap()
+        .name,
+        "9lives"
+    );
+    for bad in [
+        "-voice",
+        "voice-",
+        "-",
+        "voice.koder",
+        "voice_1",
+        "voi ce",
+        "vöice",
+        "_voice",
+        "voice/1",
+    ] {
+        refused(
+            Registration {
+                name: Some(bad.into()),
+                ..base()
+            },
+            "name",
+        );
     }
 }
 
 #[test]
 fn name_is_stored_lower_case() {
-    let s = Registration { name: Some("VoIcE".into()), ..base() }.validate().unwrap();
+    let s = Registration {
+        name: Some("VoIcE".into()),
+        ..base()
+    }
+    .validate()
+    .unwrap();
     assert_eq!(s.name, "voice");
     assert_eq!(s.id, "voice-10.0.0.1-5060", "the default id uses the stored name");
     let (r, _) = registry(10 * SEC);
@@ -713,18 +927,41 @@ fn name_is_stored_lower_case() {
 
 #[test]
 fn address_is_required() {
-    refused(Registration { address: None, ..base() }, "address");
-    refused(Registration { address: Some(String::new()), ..base() }, "address");
+    refused(
+        Registration {
+            address: None,
+            ..base()
+        },
+        "address",
+    );
+    refused(
+        Registration {
+            address: Some(String::new()),
+            ..base()
+        },
+        "address",
+    );
 }
 
 #[test]
 fn address_accepts_ipv4_ipv6_and_host_names() {
-    let addr = |a: &str| Registration { address: Some(a.into()), ..base() }.validate().map(|s| s.address);
+    let addr = |a: &str| {
+        Registration {
+            address: Some(a.into()),
+            ..base()
+        }
+        .validate()
+        .map(|s| s.address)
+    };
     assert_eq!(addr("192.168.1.20").unwrap(), "192.168.1.20");
     assert_eq!(addr("::1").unwrap(), "::1");
     assert_eq!(addr("2001:db8::10").unwrap(), "2001:db8::10");
     assert_eq!(addr("voice-1.internal.koder").unwrap(), "voice-1.internal.koder");
-    assert_eq!(addr("Voice-1.Internal.KODER").unwrap(), "voice-1.internal.koder", "host names are lower-case");
+    assert_eq!(
+        addr("Voice-1.Internal.KODER").unwrap(),
+        "voice-1.internal.koder",
+        "host names are lower-case"
+    );
     assert_eq!(addr("localhost").unwrap(), "localhost");
 }
 
@@ -744,76 +981,276 @@ fn address_refuses_what_is_neither_ip_nor_host_name() {
         "2001:db8::zz",
         "[::1]",
     ] {
-        refused(Registration { address: Some(bad.into()), ..base() }, "address");
+        refused(
+            Registration {
+                address: Some(bad.into()),
+                ..base()
+            },
+            "address",
+        );
     }
-    refused(Registration { address: Some(format!("{}.koder", "a".repeat(64))), ..base() }, "address");
+    refused(
+        Registration {
+            address: Some(format!("{}.koder", "a".repeat(64))),
+            ..base()
+        },
+        "address",
+    );
 }
 
 #[test]
 fn port_is_required_and_between_1_and_65535() {
     refused(Registration { port: None, ..base() }, "port");
-    refused(Registration { port: Some(0), ..base() }, "port");
-    refused(Registration { port: Some(-1), ..base() }, "port");
-    refused(Registration { port: Some(65536), ..base() }, "port");
-    refused(Registration { port: Some(i64::MAX), ..base() }, "port");
-    assert_eq!(Registration { port: Some(1), ..base() }.validate().unwrap().port, 1);
-    assert_eq!(Registration { port: Some(65535), ..base() }.validate().unwrap().port, 65535);
+    refused(
+        Registration {
+            port: Some(0),
+            ..base()
+        },
+        "port",
+    );
+    refused(
+        Registration {
+            port: Some(-1),
+            ..base()
+        },
+        "port",
+    );
+    refused(
+        Registration {
+            port: Some(65536),
+            ..base()
+        },
+        "port",
+    );
+    refused(
+        Registration {
+            port: Some(i64::MAX),
+            ..base()
+        },
+        "port",
+    );
+    assert_eq!(
+        Registration {
+            port: Some(1),
+            ..base()
+        }
+        .validate()
+        .unwrap()
+        .port,
+        1
+    );
+    assert_eq!(
+        Registration {
+            port: Some(65535),
+            ..base()
+        }
+        .validate()
+        .unwrap()
+        .port,
+        65535
+    );
 }
 
 #[test]
 fn protocol_defaults_to_tcp_and_is_one_label_stored_lower_case() {
-    assert_eq!(Registration { protocol: None, ..base() }.validate().unwrap().protocol, "tcp");
-    assert_eq!(Registration { protocol: Some(String::new()), ..base() }.validate().unwrap().protocol, "tcp");
-    assert_eq!(Registration { protocol: Some("UDP".into()), ..base() }.validate().unwrap().protocol, "udp");
-    assert_eq!(Registration { protocol: Some("sctp".into()), ..base() }.validate().unwrap().protocol, "sctp");
+    assert_eq!(
+        Registration {
+            protocol: None,
+            ..base()
+        }
+        .validate()
+        .unwrap()
+        .protocol,
+        "tcp"
+    );
+    assert_eq!(
+        Registration {
+            protocol: Some(String::new()),
+            ..base()
+        }
+        .validate()
+        .unwrap()
+        .protocol,
+        "tcp"
+    );
+    assert_eq!(
+        Registration {
+            protocol: Some("UDP".into()),
+            ..base()
+        }
+        .validate()
+        .unwrap()
+        .protocol,
+        "udp"
+    );
+    assert_eq!(
+        Registration {
+            protocol: Some("sctp".into()),
+            ..base()
+        }
+        .validate()
+        .unwrap()
+        .protocol,
+        "sctp"
+    );
     for bad in ["_tcp", "t cp", "tcp.udp", "-tcp", "tcp-", &"t".repeat(64)] {
-        refused(Registration { protocol: Some(bad.to_string()), ..base() }, "protocol");
+        refused(
+            Registration {
+                protocol: Some(bad.to_string()),
+                ..base()
+            },
+            "protocol",
+        );
     }
 }
 
 #[test]
 fn weight_and_priority_are_0_to_65535_with_defaults() {
-    let s = Registration { weight: Some(0), priority: Some(0), ..base() }.validate().unwrap();
+    let s = Registration {
+        weight: Some(0),
+        priority: Some(0),
+        ..base()
+    }
+    .validate()
+    .unwrap();
     assert_eq!((s.weight, s.priority), (0, 0));
-    let s = Registration { weight: Some(65535), priority: Some(65535), ..base() }.validate().unwrap();
+    let s = Registration {
+        weight: Some(65535),
+        priority: Some(65535),
+        ..base()
+    }
+    .validate()
+    .unwrap();
     assert_eq!((s.weight, s.priority), (65535, 65535));
     for bad in [-1, 65536, i64::MIN] {
-        refused(Registration { weight: Some(bad), ..base() }, "weight");
-        refused(Registration { priority: Some(bad), ..base() }, "priority");
+        refused(
+            Registration {
+                weight: Some(bad),
+                ..base()
+            },
+            "weight",
+        );
+        refused(
+            Registration {
+                priority: Some(bad),
+                ..base()
+            },
+            "priority",
+        );
     }
 }
 
 #[test]
 fn id_defaults_to_name_address_port() {
     assert_eq!(base().validate().unwrap().id, "voice-10.0.0.1-5060");
-    let s = Registration { address: Some("2001:db8::1".into()), ..base() }.validate().unwrap();
+    let s = Registration {
+        address: Some("2001:db8::1".into()),
+        ..base()
+    }
+    .validate()
+    .unwrap();
     assert_eq!(s.id, "voice-2001:db8::1-5060");
-    let s = Registration { address: Some("Host.Koder".into()), ..base() }.validate().unwrap();
+    let s = Registration {
+        address: Some("Host.Koder".into()),
+        ..base()
+    }
+    .validate()
+    .unwrap();
     assert_eq!(s.id, "voice-host.koder-5060");
-    let s = Registration { id: Some(String::new()), ..base() }.validate().unwrap();
+    let s = Registration {
+        id: Some(String::new()),
+        ..base()
+    }
+    .validate()
+    .unwrap();
     assert_eq!(s.id, "voice-10.0.0.1-5060", "an empty id is an omitted one");
-    let s = Registration { id: Some("My Instance #1".into()), ..base() }.validate().unwrap();
+    let s = Registration {
+        id: Some("My Instance #1".into()),
+        ..base()
+    }
+    .validate()
+    .unwrap();
     assert_eq!(s.id, "My Instance #1", "an explicit id is kept as sent");
 }
 
 #[test]
 fn id_is_at_most_255_printable_characters() {
-    let s = Registration { id: Some("i".repeat(255)), ..base() }.validate().unwrap();
+    let s = Registration {
+        id: Some("i".repeat(255)),
+        ..base()
+    }
+    .validate()
+    .unwrap();
     assert_eq!(s.id.len(), 255);
-    refused(Registration { id: Some("i".repeat(256)), ..base() }, "id");
-    refused(Registration { id: Some("bad\nid".into()), ..base() }, "id");
-    refused(Registration { id: Some("bad\u{0}id".into()), ..base() }, "id");
-    refused(Registration { id: Some("tab\tid".into()), ..base() }, "id");
+    refused(
+        Registration {
+            id: Some("i".repeat(256)),
+            ..base()
+        },
+        "id",
+    );
+    refused(
+        Registration {
+            id: Some("bad\nid".into()),
+            ..base()
+        },
+        "id",
+    );
+    refused(
+        Registration {
+            id: Some("bad\u{0}id".into()),
+            ..base()
+        },
+        "id",
+    );
+    refused(
+        Registration {
+            id: Some("tab\tid".into()),
+            ..base()
+        },
+        "id",
+    );
     // A default id can be too long as well: 63 + long host name.
     let long_host = format!("{}.{}.{}.koder", "a".repeat(63), "b".repeat(63), "c".repeat(63));
-    refused(Registration { name: Some("n".repeat(63)), address: Some(long_host), ..base() }, "id");
+    refused(
+        Registration {
+            name: Some("n".repeat(63)),
+            address: Some(long_host),
+            ..base()
+        },
+        "id",
+    );
 }
 
 #[test]
 fn healthy_defaults_to_true_and_false_is_kept() {
-    assert!(Registration { healthy: None, ..base() }.validate().unwrap().healthy);
-    assert!(Registration { healthy: Some(true), ..base() }.validate().unwrap().healthy);
-    assert!(!Registration { healthy: Some(false), ..base() }.validate().unwrap().healthy);
+    assert!(
+        Registration {
+            healthy: None,
+            ..base()
+        }
+        .validate()
+        .unwrap()
+        .healthy
+    );
+    assert!(
+        Registration {
+            healthy: Some(true),
+            ..base()
+        }
+        .validate()
+        .unwrap()
+        .healthy
+    );
+    assert!(
+        !Registration {
+            healthy: Some(false),
+            ..base()
+        }
+        .validate()
+        .unwrap()
+        .healthy
+    );
 }
 
 #[test]
@@ -822,11 +1259,22 @@ fn jet_domain_must_be_a_public_host_name() {
         metadata: Some(BTreeMap::from([("jet.domain".to_owned(), d.to_owned())])),
         ..base()
     };
-    let with_tag = |d: &str| Registration { tags: Some(vec![format!("jet.domain={d}")]), ..base() };
+    let with_tag = |d: &str| Registration {
+        tags: Some(vec![format!("jet.domain={d}")]),
+        ..base()
+    };
     assert!(with_meta("voice.koder.dev").validate().is_ok());
     assert!(with_meta("voice.koder.dev.").validate().is_ok());
     assert!(with_tag("voice.koder.dev").validate().is_ok());
-    for bad in ["", "voice", "not a domain", "voice..koder.dev", "-voice.koder.dev", "voice.koder.dev/x", "10.0.0.1"] {
+    for bad in [
+        "",
+        "voice",
+        "not a domain",
+        "voice..koder.dev",
+        "-voice.koder.dev",
+        "voice.koder.dev/x",
+        "10.0.0.1",
+    ] {
         let e = with_meta(bad).validate().expect_err(bad);
         assert!(e.field.contains("jet.domain"), "{e}");
         let e = with_tag(bad).validate().expect_err(bad);
@@ -864,15 +1312,25 @@ fn re_registering_at_a_new_address_resets_a_checked_flag() {
     };
     registry.register(spec("10.0.0.1")).unwrap();
     assert!(registry.set_health("x", false));
-    assert!(!registry.register(spec("10.0.0.1")).unwrap().instance.healthy, "the same target keeps the checker's verdict");
-    assert!(registry.register(spec("10.0.0.2")).unwrap().instance.healthy, "a new address starts over with the registrant's flag");
+    assert!(
+        !registry.register(spec("10.0.0.1")).unwrap().instance.healthy,
+        "the same target keeps the checker's verdict"
+    );
+    assert!(
+        registry.register(spec("10.0.0.2")).unwrap().instance.healthy,
+        "a new address starts over with the registrant's flag"
+    );
 }
 
 #[test]
 fn metadata_is_a_sorted_map_on_the_wire_and_shared_between_copies() {
     let m: Metadata = serde_json::from_str(r#"{"zone": "eu", "codec": "opus", "zone": "us"}"#).unwrap();
     assert_eq!(m.len(), 2);
-    assert_eq!(m.get("zone"), Some("us"), "a later duplicate key wins, as in a JSON object");
+    assert_eq!(
+        m.get("zone"),
+        Some("us"),
+        "a later duplicate key wins, as in a JSON object"
+    );
     assert_eq!(m.get("codec"), Some("opus"));
     assert_eq!(m.get("missing"), None);
     assert_eq!(serde_json::to_string(&m).unwrap(), r#"{"codec":"opus","zone":"us"}"#);
@@ -882,6 +1340,18 @@ fn metadata_is_a_sorted_map_on_the_wire_and_shared_between_copies() {
     assert!(none.is_empty() && none == Metadata::default());
     // Instances registered from it keep it as given.
     let (r, _) = registry(60 * SEC);
-    let registered = r.register(Registration { metadata: Some([("b".into(), "2".into()), ("a".into(), "1".into())].into()), ..reg("m", "voice") }.validate().unwrap()).unwrap();
-    assert_eq!(registered.instance.metadata.iter().collect::<Vec<_>>(), vec![("a", "1"), ("b", "2")]);
+    let registered = r
+        .register(
+            Registration {
+                metadata: Some([("b".into(), "2".into()), ("a".into(), "1".into())].into()),
+                ..reg("m", "voice")
+            }
+            .validate()
+            .unwrap(),
+        )
+        .unwrap();
+    assert_eq!(
+        registered.instance.metadata.iter().collect::<Vec<_>>(),
+        vec![("a", "1"), ("b", "2")]
+    );
 }

@@ -49,13 +49,25 @@ impl ServiceView {
     /// A copy with `member` put in place of any member of the same id, and that member.
     pub(super) fn with(&self, member: Arc<Member>) -> (Self, Option<Arc<Member>>) {
         let (members, replaced) = self.members.with(member);
-        (Self { members, prepared: PreparedAnswers::default() }, replaced)
+        (
+            Self {
+                members,
+                prepared: PreparedAnswers::default(),
+            },
+            replaced,
+        )
     }
 
     /// A copy without the member `id`, and that member.
     pub(super) fn without(&self, id: &str) -> (Self, Option<Arc<Member>>) {
         let (members, removed) = self.members.without(id);
-        (Self { members, prepared: PreparedAnswers::default() }, removed)
+        (
+            Self {
+                members,
+                prepared: PreparedAnswers::default(),
+            },
+            removed,
+        )
     }
 }
 
@@ -119,7 +131,11 @@ impl Members {
         let mut chunk = chunks[at].to_vec();
         let removed = chunk.remove(i);
         // A small chunk joins a neighbour, so removals do not leave many tiny chunks.
-        let next = if at + 1 < chunks.len() { Some(at + 1) } else { at.checked_sub(1) };
+        let next = if at + 1 < chunks.len() {
+            Some(at + 1)
+        } else {
+            at.checked_sub(1)
+        };
         match next.filter(|&n| chunk.len() < CHUNK / 4 && chunk.len() + chunks[n].len() <= CHUNK) {
             Some(n) => {
                 let (low, high) = (at.min(n), at.max(n));
@@ -176,11 +192,22 @@ mod tests {
         for step in 0..20_000 {
             let id = format!("i{:05}", rng.usize(..3000));
             let inserting = step < 8_000 || rng.bool();
-            let (next, old) = if inserting { members.with(member(&id)) } else { members.without(&id) };
-            let was_there = if inserting { !model.insert(id.clone()) } else { model.remove(&id) };
+            let (next, old) = if inserting {
+                members.with(member(&id))
+            } else {
+                members.without(&id)
+            };
+            let was_there = if inserting {
+                !model.insert(id.clone())
+            } else {
+                model.remove(&id)
+            };
             assert_eq!(old.is_some(), was_there, "step {step}: {id}");
             members = next;
-            assert!(members.0.iter().all(|c| (1..=CHUNK).contains(&c.len())), "step {step}: chunk sizes");
+            assert!(
+                members.0.iter().all(|c| (1..=CHUNK).contains(&c.len())),
+                "step {step}: chunk sizes"
+            );
         }
         assert_eq!(ids(&members), model.into_iter().collect::<Vec<_>>());
         assert!(members.0.len() > 10, "3000 ids make several chunks");

@@ -1,6 +1,6 @@
 //! Concurrency: registrations, heartbeats, deregistrations and the reaper racing each other,
 //! over real HTTP and directly on the registry.
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
-use common::TestServer;
+use crate::common::TestServer;
 use koder_dns::registry::Filter;
 
 const TASKS: usize = 32;
@@ -34,15 +34,22 @@ async fn assert_consistent(server: &TestServer) -> Vec<Value> {
     let unique: BTreeSet<&str> = ids.iter().copied().collect();
     assert_eq!(unique.len(), ids.len(), "an id is listed twice: {ids:?}");
     let mut sorted = instances.clone();
-    sorted.sort_by(|a, b| {
-        (a["name"].as_str(), a["id"].as_str()).cmp(&(b["name"].as_str(), b["id"].as_str()))
-    });
+    sorted.sort_by(|a, b| (a["name"].as_str(), a["id"].as_str()).cmp(&(b["name"].as_str(), b["id"].as_str())));
     assert_eq!(sorted, instances, "listing sorted by name then id");
 
     let (_, names) = server.get("/api/v1/services").await;
-    let names: Vec<String> = names["services"].as_array().unwrap().iter().map(|n| n.as_str().unwrap().to_owned()).collect();
-    let from_instances: Vec<String> =
-        instances.iter().map(|i| i["name"].as_str().unwrap().to_owned()).collect::<BTreeSet<_>>().into_iter().collect();
+    let names: Vec<String> = names["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_owned())
+        .collect();
+    let from_instances: Vec<String> = instances
+        .iter()
+        .map(|i| i["name"].as_str().unwrap().to_owned())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
     assert_eq!(names, from_instances, "names listing agrees with the instances");
 
     let registry = &server.running.registry;
@@ -50,7 +57,9 @@ async fn assert_consistent(server: &TestServer) -> Vec<Value> {
     let now = registry.now();
     let mut in_views: HashMap<String, Vec<String>> = HashMap::new();
     for name in &names {
-        let view = registry.view(name).unwrap_or_else(|| panic!("no DNS view for listed service {name}"));
+        let view = registry
+            .view(name)
+            .unwrap_or_else(|| panic!("no DNS view for listed service {name}"));
         for m in view.answerable(now) {
             in_views.entry(m.id.to_string()).or_default().push(name.clone());
         }
@@ -64,7 +73,11 @@ async fn assert_consistent(server: &TestServer) -> Vec<Value> {
             "{id} is answerable in exactly its own service"
         );
     }
-    assert_eq!(in_views.len(), instances.len(), "the DNS views hold exactly the listed instances");
+    assert_eq!(
+        in_views.len(),
+        instances.len(),
+        "the DNS views hold exactly the listed instances"
+    );
     instances
 }
 
@@ -83,7 +96,9 @@ async fn concurrent_registrations_and_heartbeats_stay_consistent() {
             barrier.wait().await;
             for s in 0..SHARED {
                 let id = format!("shared-{s}");
-                let (status, r) = server.post("/api/v1/services/register", &body(&id, "shared", 1000 + t as u16)).await;
+                let (status, r) = server
+                    .post("/api/v1/services/register", &body(&id, "shared", 1000 + t as u16))
+                    .await;
                 assert_eq!(status, 200, "{r}");
                 if r["created"] == true {
                     created.push(id);
@@ -94,7 +109,9 @@ async fn concurrent_registrations_and_heartbeats_stay_consistent() {
                 let own = format!("own-{t}-{}", rng.usize(..3));
                 match rng.u8(..4) {
                     0 => {
-                        let (status, r) = server.post("/api/v1/services/register", &body(&shared, "shared", 2000 + t as u16)).await;
+                        let (status, r) = server
+                            .post("/api/v1/services/register", &body(&shared, "shared", 2000 + t as u16))
+                            .await;
                         assert_eq!(status, 200, "{r}");
                         assert_eq!(r["created"], false, "{shared} was registered before the ops began");
                     }
@@ -104,7 +121,12 @@ async fn concurrent_registrations_and_heartbeats_stay_consistent() {
                         assert_eq!(r["id"], shared.as_str());
                     }
                     2 => {
-                        let (status, r) = server.post("/api/v1/services/register", &body(&own, &format!("svc-{}", t % 4), 3000)).await;
+                        let (status, r) = server
+                            .post(
+                                "/api/v1/services/register",
+                                &body(&own, &format!("svc-{}", t % 4), 3000),
+                            )
+                            .await;
                         assert_eq!(status, 200, "{r}");
                         let first = own_registered.insert(own.clone());
                         assert_eq!(r["created"], first, "{own}: created only on its first registration");
@@ -132,7 +154,11 @@ async fn concurrent_registrations_and_heartbeats_stay_consistent() {
         expected.extend(own);
     }
     for s in 0..SHARED {
-        assert_eq!(created.get(&format!("shared-{s}")), Some(&1), "exactly one created:true for shared-{s}");
+        assert_eq!(
+            created.get(&format!("shared-{s}")),
+            Some(&1),
+            "exactly one created:true for shared-{s}"
+        );
     }
     assert!(created.values().all(|&n| n == 1), "{created:?}");
     assert_eq!(created.keys().cloned().collect::<BTreeSet<_>>(), expected);
@@ -143,7 +169,10 @@ async fn concurrent_registrations_and_heartbeats_stay_consistent() {
     for i in &instances {
         if i["name"] == "shared" {
             let port = i["port"].as_u64().unwrap();
-            assert!((1000..1000 + TASKS as u64).contains(&port) || (2000..2000 + TASKS as u64).contains(&port), "{i}");
+            assert!(
+                (1000..1000 + TASKS as u64).contains(&port) || (2000..2000 + TASKS as u64).contains(&port),
+                "{i}"
+            );
         }
     }
 }
@@ -159,7 +188,9 @@ async fn concurrent_first_registrations_of_one_id_create_it_once() {
                 let (server, barrier, id) = (server.clone(), barrier.clone(), id.clone());
                 tokio::spawn(async move {
                     barrier.wait().await;
-                    let (status, r) = server.post("/api/v1/services/register", &body(&id, "race", 1 + t as u16)).await;
+                    let (status, r) = server
+                        .post("/api/v1/services/register", &body(&id, "race", 1 + t as u16))
+                        .await;
                     assert_eq!(status, 200, "{r}");
                     r["created"].as_bool().unwrap()
                 })
@@ -169,7 +200,10 @@ async fn concurrent_first_registrations_of_one_id_create_it_once() {
         for h in handles {
             n += h.await.unwrap() as usize;
         }
-        assert_eq!(n, 1, "{id}: exactly one of {TASKS} concurrent first registrations is created");
+        assert_eq!(
+            n, 1,
+            "{id}: exactly one of {TASKS} concurrent first registrations is created"
+        );
     }
     let instances = assert_consistent(&server).await;
     assert_eq!(instances.len(), 5);
@@ -202,10 +236,15 @@ async fn concurrent_renames_leave_the_instance_in_exactly_one_service() {
     let registry = &server.running.registry;
     for s in 0..5 {
         let name = format!("svc-{s}");
-        let listed: BTreeSet<String> =
-            instances.iter().filter(|i| i["name"] == name.as_str()).map(|i| i["id"].as_str().unwrap().to_owned()).collect();
-        let in_view: BTreeSet<String> =
-            registry.view(&name).map(|v| v.members.iter().map(|m| m.id.to_string()).collect()).unwrap_or_default();
+        let listed: BTreeSet<String> = instances
+            .iter()
+            .filter(|i| i["name"] == name.as_str())
+            .map(|i| i["id"].as_str().unwrap().to_owned())
+            .collect();
+        let in_view: BTreeSet<String> = registry
+            .view(&name)
+            .map(|v| v.members.iter().map(|m| m.id.to_string()).collect())
+            .unwrap_or_default();
         assert_eq!(in_view, listed, "{name}: its DNS view holds exactly its instances");
     }
 }
@@ -296,7 +335,11 @@ async fn heartbeats_racing_the_reaper_never_resurrect() {
                             }
                             let (_, list) = server.get("/api/v1/services?detail=1&name=hb").await;
                             assert!(
-                                list["instances"].as_array().unwrap().iter().all(|x| x["id"] != id.as_str()),
+                                list["instances"]
+                                    .as_array()
+                                    .unwrap()
+                                    .iter()
+                                    .all(|x| x["id"] != id.as_str()),
                                 "{id} listed after its 410"
                             );
                             return;
@@ -323,7 +366,10 @@ async fn heartbeats_racing_the_reaper_never_resurrect() {
                     assert!(!dead_before[n], "{id} listed after a heartbeat got 410");
                     let updated = chrono::DateTime::parse_from_rfc3339(x["updated_at"].as_str().unwrap()).unwrap();
                     let end = updated + chrono::Duration::from_std(TTL).unwrap();
-                    assert!(end > asked_at, "{id} listed after its lease ended ({end} <= {asked_at})");
+                    assert!(
+                        end > asked_at,
+                        "{id} listed after its lease ended ({end} <= {asked_at})"
+                    );
                 }
                 checks += 1;
                 tokio::time::sleep(Duration::from_millis(7)).await;
@@ -336,13 +382,22 @@ async fn heartbeats_racing_the_reaper_never_resurrect() {
     }
     stop.store(true, Ordering::SeqCst);
     assert!(lister.await.unwrap() > 10);
-    assert!(renewals.load(Ordering::Relaxed) > 50, "the race was exercised: renewals happened");
-    assert!(gones.load(Ordering::Relaxed) > 0, "the race was exercised: some leases ran out");
+    assert!(
+        renewals.load(Ordering::Relaxed) > 50,
+        "the race was exercised: renewals happened"
+    );
+    assert!(
+        gones.load(Ordering::Relaxed) > 0,
+        "the race was exercised: some leases ran out"
+    );
 
     // Whatever is listed at the end is live and consistent; dead ids can come back only by
     // registering again, as new registrations.
     tokio::time::sleep(TTL + Duration::from_millis(50)).await;
-    assert!(assert_consistent(&server).await.is_empty(), "everything expired once the heartbeats stopped");
+    assert!(
+        assert_consistent(&server).await.is_empty(),
+        "everything expired once the heartbeats stopped"
+    );
     assert_eq!(server.running.registry.len(), 0, "and the reaper removed it");
     for i in 0..IDS {
         let r = server.register(body(&format!("hb-{i}"), "hb", 80)).await;
@@ -434,7 +489,11 @@ fn heartbeat_reap_race_at_the_exact_boundary() {
                         }
                     }
                     // Pause between beats: mostly short, sometimes long enough to lapse.
-                    let spins = if rng.u8(..50) == 0 { rng.u32(20_000..200_000) } else { rng.u32(10..2_000) };
+                    let spins = if rng.u8(..50) == 0 {
+                        rng.u32(20_000..200_000)
+                    } else {
+                        rng.u32(10..2_000)
+                    };
                     for _ in 0..spins {
                         std::hint::spin_loop();
                     }
@@ -444,16 +503,30 @@ fn heartbeat_reap_race_at_the_exact_boundary() {
     });
 
     let dead_count = dead.iter().filter(|d| d.load(Ordering::SeqCst)).count();
-    assert!(dead_count > 0, "the race was exercised: some lease lapsed while heartbeats ran");
+    assert!(
+        dead_count > 0,
+        "the race was exercised: some lease lapsed while heartbeats ran"
+    );
     let live = registry.list(&Filter::default());
     for x in &live {
         let n: usize = x.id.trim_start_matches("r-").parse().unwrap();
-        assert!(!dead[n].load(Ordering::SeqCst), "{} is listed but a heartbeat saw it dead", x.id);
+        assert!(
+            !dead[n].load(Ordering::SeqCst),
+            "{} is listed but a heartbeat saw it dead",
+            x.id
+        );
     }
-    assert!(reaped.load(Ordering::SeqCst) <= IDS, "an instance is reaped at most once");
+    assert!(
+        reaped.load(Ordering::SeqCst) <= IDS,
+        "an instance is reaped at most once"
+    );
     // Everything that is not listed any more is either reaped or awaiting the reaper.
     clock.advance(Duration::from_nanos(1_000));
     reaped.fetch_add(registry.reap(), Ordering::SeqCst);
-    assert_eq!(reaped.load(Ordering::SeqCst), IDS, "every lease ended once and was reaped exactly once");
+    assert_eq!(
+        reaped.load(Ordering::SeqCst),
+        IDS,
+        "every lease ended once and was reaped exactly once"
+    );
     assert!(registry.is_empty());
 }

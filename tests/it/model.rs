@@ -23,12 +23,27 @@ const START: i64 = 1_800_000_000_000_000_000;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Register { id: usize, name: usize, port: usize, ttl_ns: i64, healthy: bool },
-    Heartbeat { id: usize },
-    Deregister { id: usize },
-    Advance { ns: i64 },
+    Register {
+        id: usize,
+        name: usize,
+        port: usize,
+        ttl_ns: i64,
+        healthy: bool,
+    },
+    Heartbeat {
+        id: usize,
+    },
+    Deregister {
+        id: usize,
+    },
+    Advance {
+        ns: i64,
+    },
     /// Moves the clock to an id's deadline plus `offset` (-1, 0 or +1), if that is ahead.
-    ToDeadline { id: usize, offset: i64 },
+    ToDeadline {
+        id: usize,
+        offset: i64,
+    },
     Reap,
 }
 
@@ -79,7 +94,12 @@ impl Model {
 
     /// Live instances sorted by name, then id.
     fn live(&self) -> Vec<(&'static str, &MInstance)> {
-        let mut v: Vec<_> = self.stored.iter().filter(|(_, m)| self.now < m.deadline).map(|(id, m)| (*id, m)).collect();
+        let mut v: Vec<_> = self
+            .stored
+            .iter()
+            .filter(|(_, m)| self.now < m.deadline)
+            .map(|(id, m)| (*id, m))
+            .collect();
         v.sort_by(|a, b| (a.1.name, a.0).cmp(&(b.1.name, b.0)));
         v
     }
@@ -109,11 +129,34 @@ fn same(id: &str, m: &MInstance, i: &Instance) -> bool {
 }
 
 fn summary(instances: &[Instance]) -> Vec<(String, String, u16, bool, i64, i64)> {
-    instances.iter().map(|i| (i.name.to_string(), i.id.to_string(), i.port, i.healthy, i.registered_at, i.updated_at)).collect()
+    instances
+        .iter()
+        .map(|i| {
+            (
+                i.name.to_string(),
+                i.id.to_string(),
+                i.port,
+                i.healthy,
+                i.registered_at,
+                i.updated_at,
+            )
+        })
+        .collect()
 }
 
 fn expected(live: &[(&'static str, &MInstance)]) -> Vec<(String, String, u16, bool, i64, i64)> {
-    live.iter().map(|(id, m)| (m.name.to_owned(), id.to_string(), m.port, m.healthy, m.registered_at, m.updated_at)).collect()
+    live.iter()
+        .map(|(id, m)| {
+            (
+                m.name.to_owned(),
+                id.to_string(),
+                m.port,
+                m.healthy,
+                m.registered_at,
+                m.updated_at,
+            )
+        })
+        .collect()
 }
 
 /// Every observation the registry offers agrees with the model.
@@ -122,17 +165,36 @@ fn check_state(r: &Registry, model: &Model) -> Result<(), TestCaseError> {
     let live = model.live();
     prop_assert_eq!(summary(&r.list(&Filter::default())), expected(&live), "listing");
     let healthy: Vec<_> = live.iter().filter(|(_, m)| m.healthy).cloned().collect();
-    prop_assert_eq!(summary(&r.list(&Filter { name: None, healthy_only: true })), expected(&healthy), "healthy listing");
+    prop_assert_eq!(
+        summary(&r.list(&Filter {
+            name: None,
+            healthy_only: true,
+            ..Filter::default()
+        })),
+        expected(&healthy),
+        "healthy listing"
+    );
     for name in NAMES {
         let of_name: Vec<_> = live.iter().filter(|(_, m)| m.name == name).cloned().collect();
         prop_assert_eq!(
-            summary(&r.list(&Filter { name: Some(name.to_owned()), healthy_only: false })),
+            summary(&r.list(&Filter {
+                name: Some(name.to_owned()),
+                healthy_only: false,
+                ..Filter::default()
+            })),
             expected(&of_name),
-            "listing of {}", name
+            "listing of {}",
+            name
         );
-        let answerable: Vec<String> = of_name.iter().filter(|(_, m)| m.healthy).map(|(id, _)| id.to_string()).collect();
-        let in_view: Vec<String> =
-            r.view(name).map(|v| v.answerable(model.now).map(|m| m.id.to_string()).collect()).unwrap_or_default();
+        let answerable: Vec<String> = of_name
+            .iter()
+            .filter(|(_, m)| m.healthy)
+            .map(|(id, _)| id.to_string())
+            .collect();
+        let in_view: Vec<String> = r
+            .view(name)
+            .map(|v| v.answerable(model.now).map(|m| m.id.to_string()).collect())
+            .unwrap_or_default();
         prop_assert_eq!(in_view, answerable, "DNS view of {}", name);
     }
     let mut names: Vec<String> = live.iter().map(|(_, m)| m.name.to_owned()).collect();
@@ -145,17 +207,31 @@ fn check_state(r: &Registry, model: &Model) -> Result<(), TestCaseError> {
             (got, want) => prop_assert!(false, "get({}) = {:?}, model {:?}", id, got, want),
         }
     }
-    prop_assert_eq!(r.len(), model.stored.len(), "stored instances (live and not yet reaped)");
+    prop_assert_eq!(
+        r.len(),
+        model.stored.len(),
+        "stored instances (live and not yet reaped)"
+    );
     Ok(())
 }
 
 fn run(default_ttl: i64, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let (r, clock) = registry(default_ttl);
-    let mut model = Model { now: START, default_ttl, stored: BTreeMap::new() };
+    let mut model = Model {
+        now: START,
+        default_ttl,
+        stored: BTreeMap::new(),
+    };
     for op in ops {
         let serial = r.serial();
         match op {
-            Op::Register { id, name, port, ttl_ns, healthy } => {
+            Op::Register {
+                id,
+                name,
+                port,
+                ttl_ns,
+                healthy,
+            } => {
                 let id = IDS[id];
                 let spec = Registration {
                     id: Some(id.to_owned()),
@@ -181,13 +257,23 @@ fn run(default_ttl: i64, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     updated_at: model.now,
                     deadline: model.deadline(model.now, ttl_ns),
                 };
-                prop_assert!(same(id, &m, &got.instance), "register({}) = {:?}, model {:?}", id, got.instance, m);
+                prop_assert!(
+                    same(id, &m, &got.instance),
+                    "register({}) = {:?}, model {:?}",
+                    id,
+                    got.instance,
+                    m
+                );
                 let changes_answers = match &previous {
                     None => true,
                     Some(p) => p.name != m.name || p.port != m.port || p.healthy != m.healthy,
                 };
                 if changes_answers {
-                    prop_assert!(r.serial() > serial, "register({}) changed answers but not the serial", id);
+                    prop_assert!(
+                        r.serial() > serial,
+                        "register({}) changed answers but not the serial",
+                        id
+                    );
                 } else {
                     prop_assert_eq!(r.serial(), serial, "no-op re-register of {} moved the serial", id);
                 }
@@ -197,12 +283,19 @@ fn run(default_ttl: i64, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let id = IDS[id];
                 let got = r.heartbeat(id);
                 match model.alive(id).cloned() {
-                    None => prop_assert!(got.is_none(), "heartbeat({}) renewed a dead or unknown lease: {:?}", id, got),
+                    None => prop_assert!(
+                        got.is_none(),
+                        "heartbeat({}) renewed a dead or unknown lease: {:?}",
+                        id,
+                        got
+                    ),
                     Some(mut m) => {
                         m.updated_at = model.now;
                         m.deadline = model.deadline(model.now, m.ttl_ns);
                         let Some(got) = got else {
-                            return Err(TestCaseError::fail(format!("heartbeat({id}) of a live lease was refused")));
+                            return Err(TestCaseError::fail(format!(
+                                "heartbeat({id}) of a live lease was refused"
+                            )));
                         };
                         prop_assert!(same(id, &m, &got), "heartbeat({}) = {:?}, model {:?}", id, got, m);
                         model.stored.insert(id, m);
@@ -235,8 +328,12 @@ fn run(default_ttl: i64, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::Reap => {
-                let due: Vec<&'static str> =
-                    model.stored.iter().filter(|(_, m)| model.now >= m.deadline).map(|(id, _)| *id).collect();
+                let due: Vec<&'static str> = model
+                    .stored
+                    .iter()
+                    .filter(|(_, m)| model.now >= m.deadline)
+                    .map(|(id, _)| *id)
+                    .collect();
                 prop_assert_eq!(r.reap(), due.len(), "reap() count");
                 for id in &due {
                     model.stored.remove(id);
@@ -244,7 +341,10 @@ fn run(default_ttl: i64, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if due.is_empty() {
                     prop_assert_eq!(r.serial(), serial, "an empty sweep moved the serial");
                 } else {
-                    prop_assert!(r.serial() > serial, "a sweep removed instances but did not move the serial");
+                    prop_assert!(
+                        r.serial() > serial,
+                        "a sweep removed instances but did not move the serial"
+                    );
                 }
             }
         }
@@ -272,15 +372,33 @@ proptest! {
 #[test]
 fn model_sequence_through_the_exact_boundary() {
     let ops = vec![
-        Op::Register { id: 0, name: 0, port: 0, ttl_ns: 0, healthy: true },
+        Op::Register {
+            id: 0,
+            name: 0,
+            port: 0,
+            ttl_ns: 0,
+            healthy: true,
+        },
         Op::Advance { ns: TTL - 1 },
         Op::Heartbeat { id: 0 },
         Op::Advance { ns: TTL },
         Op::Heartbeat { id: 0 },
-        Op::Register { id: 1, name: 1, port: 1, ttl_ns: TTL / 2, healthy: false },
+        Op::Register {
+            id: 1,
+            name: 1,
+            port: 1,
+            ttl_ns: TTL / 2,
+            healthy: false,
+        },
         Op::ToDeadline { id: 1, offset: 0 },
         Op::Heartbeat { id: 1 },
-        Op::Register { id: 0, name: 1, port: 0, ttl_ns: -1, healthy: true },
+        Op::Register {
+            id: 0,
+            name: 1,
+            port: 0,
+            ttl_ns: -1,
+            healthy: true,
+        },
         Op::Reap,
         Op::Deregister { id: 0 },
         Op::Deregister { id: 0 },

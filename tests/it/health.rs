@@ -6,7 +6,7 @@
 //! (fewer than `fall` failures, fewer than `rise` successes) it counts the probes the test's
 //! own listener received rather than trusting the clock, so the assertion is deterministic.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::TestServer;
+use crate::common::TestServer;
 use hickory_proto::rr::{RData, RecordType};
 use koder_dns::config::Config;
 use koder_dns::health::CheckKind;
@@ -39,7 +39,9 @@ struct Listener {
 impl Listener {
     /// Listens on `port` (0 = any free port).
     async fn bind(port: u16) -> Self {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await.expect("bind test listener");
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+            .await
+            .expect("bind test listener");
         let port = listener.local_addr().unwrap().port();
         let accepted = Arc::new(AtomicUsize::new(0));
         let count = accepted.clone();
@@ -129,8 +131,10 @@ async fn start(tweak: impl FnOnce(&mut Config)) -> TestServer {
 
 /// A registration on 127.0.0.1:`port` with the given `check*` labels in its metadata.
 fn checked(id: &str, name: &str, port: u16, labels: &[(&str, &str)]) -> Value {
-    let metadata: serde_json::Map<String, Value> =
-        labels.iter().map(|(k, v)| (k.to_string(), Value::String(v.to_string()))).collect();
+    let metadata: serde_json::Map<String, Value> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+        .collect();
     json!({ "id": id, "name": name, "address": "127.0.0.1", "port": port, "metadata": metadata })
 }
 
@@ -151,7 +155,9 @@ async fn instance(server: &TestServer, id: &str) -> Value {
 }
 
 async fn healthy(server: &TestServer, id: &str) -> bool {
-    instance(server, id).await["healthy"].as_bool().expect("healthy is a bool")
+    instance(server, id).await["healthy"]
+        .as_bool()
+        .expect("healthy is a bool")
 }
 
 /// Polls until `id` shows `healthy == want`; panics after `within`. Returns the time taken.
@@ -161,7 +167,11 @@ async fn wait_health(server: &TestServer, id: &str, want: bool, within: Duration
         if healthy(server, id).await == want {
             return start.elapsed();
         }
-        assert!(start.elapsed() < within, "{id} did not become healthy={want} within {within:?}: {}", instance(server, id).await);
+        assert!(
+            start.elapsed() < within,
+            "{id} did not become healthy={want} within {within:?}: {}",
+            instance(server, id).await
+        );
         tokio::time::sleep(POLL).await;
     }
 }
@@ -170,21 +180,11 @@ async fn wait_health(server: &TestServer, id: &str, want: bool, within: Duration
 async fn wait_until(what: &str, within: Duration, cond: impl Fn() -> bool) {
     let start = Instant::now();
     while !cond() {
-        assert!(start.elapsed() < within, "timed out after {within:?} waiting for {what}");
+        assert!(
+            start.elapsed() < within,
+            "timed out after {within:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-async fn deregister(server: &TestServer, id: &str) {
-    let (status, body) = server.post("/api/v1/services/deregister", &json!({ "id": id })).await;
-    assert_eq!(status, 200, "deregister {id}: {body}");
-}
-
-async fn serial(server: &TestServer) -> u32 {
-    let reply = server.query(ZONE, RecordType::SOA).await;
-    match reply.answers.first().map(|r| &r.data) {
-        Some(RData::SOA(soa)) => soa.serial,
-        other => panic!("expected the SOA in the answer, got {other:?}: {reply}"),
     }
 }
 
@@ -217,7 +217,11 @@ async fn a_addresses(server: &TestServer, name: &str) -> Vec<IpAddr> {
     addrs
 }
 
-const FAST: [(&str, &str); 3] = [("check", "tcp"), ("check_interval", "100ms"), ("check_timeout", "200ms")];
+const FAST: [(&str, &str); 3] = [
+    ("check", "tcp"),
+    ("check_interval", "100ms"),
+    ("check_timeout", "200ms"),
+];
 
 // ---------------------------------------------------------------------------------------
 // TCP checks
@@ -230,13 +234,20 @@ async fn tcp_open_port_stays_healthy() {
     // Watch it through several probes: it must never be marked unhealthy.
     let start = Instant::now();
     while peer.count() < 5 {
-        assert!(healthy(&server, "up-1").await, "an instance whose port accepts must stay healthy");
-        assert!(start.elapsed() < Duration::from_secs(3), "the TCP check did not probe the port ({} probes)", peer.count());
+        assert!(
+            healthy(&server, "up-1").await,
+            "an instance whose port accepts must stay healthy"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "the TCP check did not probe the port ({} probes)",
+            peer.count()
+        );
         tokio::time::sleep(POLL).await;
     }
     assert!(healthy(&server, "up-1").await);
     peer.close().await;
-    server.running.shutdown().await;
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 #[tokio::test]
@@ -247,18 +258,33 @@ async fn tcp_closed_port_turns_unhealthy_only_after_fall_failures() {
     let port = closed_port();
     let registered = Instant::now();
     server
-        .register(checked("down-1", "down", port, &[("check", "tcp"), ("check_interval", "300ms"), ("check_timeout", "200ms")]))
+        .register(checked(
+            "down-1",
+            "down",
+            port,
+            &[
+                ("check", "tcp"),
+                ("check_interval", "300ms"),
+                ("check_timeout", "200ms"),
+            ],
+        ))
         .await;
     tokio::time::sleep(Duration::from_millis(150).saturating_sub(registered.elapsed())).await;
     let still_healthy = healthy(&server, "down-1").await;
     if registered.elapsed() < Duration::from_millis(540) {
-        assert!(still_healthy, "after at most 2 failed probes (< fall = 3) the instance must still be healthy");
+        assert!(
+            still_healthy,
+            "after at most 2 failed probes (< fall = 3) the instance must still be healthy"
+        );
     } else {
         eprintln!("machine too slow to observe the state before the third probe; skipping that assertion");
     }
     let took = wait_health(&server, "down-1", false, Duration::from_secs(3)).await;
-    assert!(registered.elapsed() >= Duration::from_millis(540), "turned unhealthy too early ({took:?}): fall = 3 not honoured");
-    server.running.shutdown().await;
+    assert!(
+        registered.elapsed() >= Duration::from_millis(540),
+        "turned unhealthy too early ({took:?}): fall = 3 not honoured"
+    );
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -273,34 +299,64 @@ async fn http_fall_counts_consecutive_failed_probes() {
             "flaky-1",
             "flaky",
             http.port,
-            &[("check", "http"), ("check_path", "/fail"), ("check_interval", "300ms"), ("check_timeout", "200ms")],
+            &[
+                ("check", "http"),
+                ("check_path", "/fail"),
+                ("check_interval", "300ms"),
+                ("check_timeout", "200ms"),
+            ],
         ))
         .await;
     // Two failed probes (fall - 1): still healthy. The third comes ~300 ms later.
-    wait_until("two probes of /fail", Duration::from_secs(3), || http.hits("/fail") >= 2).await;
-    assert!(healthy(&server, "flaky-1").await, "unhealthy after {} failed probes; fall is 3", http.hits("/fail"));
+    wait_until("two probes of /fail", Duration::from_secs(3), || {
+        http.hits("/fail") >= 2
+    })
+    .await;
+    assert!(
+        healthy(&server, "flaky-1").await,
+        "unhealthy after {} failed probes; fall is 3",
+        http.hits("/fail")
+    );
     assert_eq!(http.hits("/fail"), 2, "the probes came faster than check_interval");
     wait_health(&server, "flaky-1", false, Duration::from_secs(3)).await;
-    assert!(http.hits("/fail") >= 3, "unhealthy after only {} failed probes; fall is 3", http.hits("/fail"));
-    server.running.shutdown().await;
+    assert!(
+        http.hits("/fail") >= 3,
+        "unhealthy after only {} failed probes; fall is 3",
+        http.hits("/fail")
+    );
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 #[tokio::test]
 async fn http_200_is_healthy_and_check_path_is_used() {
     let server = start(|_| {}).await;
     let http = HttpPeer::start().await;
-    let labels = [("check", "http"), ("check_interval", "100ms"), ("check_timeout", "200ms")];
+    let labels = [
+        ("check", "http"),
+        ("check_interval", "100ms"),
+        ("check_timeout", "200ms"),
+    ];
     let mut with_path = labels.to_vec();
     with_path.push(("check_path", "/ok"));
     server.register(checked("ok-path", "web", http.port, &with_path)).await;
     // No check_path: the default is `/`.
     server.register(checked("ok-root", "web", http.port, &labels)).await;
-    wait_until("3 probes of /ok and of /", Duration::from_secs(3), || http.hits("/ok") >= 3 && http.hits("/") >= 3).await;
-    assert!(healthy(&server, "ok-path").await, "HTTP 200 on the check path must be healthy");
+    wait_until("3 probes of /ok and of /", Duration::from_secs(3), || {
+        http.hits("/ok") >= 3 && http.hits("/") >= 3
+    })
+    .await;
+    assert!(
+        healthy(&server, "ok-path").await,
+        "HTTP 200 on the check path must be healthy"
+    );
     assert!(healthy(&server, "ok-root").await, "HTTP 200 on / must be healthy");
     let hits = http.hits.lock().clone();
-    assert_eq!(hits.keys().filter(|p| *p != "/" && *p != "/ok").count(), 0, "probed paths other than / and /ok: {hits:?}");
-    server.running.shutdown().await;
+    assert_eq!(
+        hits.keys().filter(|p| *p != "/" && *p != "/ok").count(),
+        0,
+        "probed paths other than / and /ok: {hits:?}"
+    );
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 #[tokio::test]
@@ -312,12 +368,21 @@ async fn http_500_is_unhealthy() {
             "err-1",
             "err",
             http.port,
-            &[("check", "http"), ("check_path", "/fail/500"), ("check_interval", "100ms"), ("check_timeout", "200ms")],
+            &[
+                ("check", "http"),
+                ("check_path", "/fail/500"),
+                ("check_interval", "100ms"),
+                ("check_timeout", "200ms"),
+            ],
         ))
         .await;
     wait_health(&server, "err-1", false, Duration::from_secs(2)).await;
-    assert!(http.hits("/fail/500") >= 2, "flipped before fall = 2 failed probes ({})", http.hits("/fail/500"));
-    server.running.shutdown().await;
+    assert!(
+        http.hits("/fail/500") >= 2,
+        "flipped before fall = 2 failed probes ({})",
+        http.hits("/fail/500")
+    );
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 #[tokio::test]
@@ -330,7 +395,12 @@ async fn http_slower_than_the_timeout_is_unhealthy() {
             "slow-1",
             "slow",
             http.port,
-            &[("check", "http"), ("check_path", "/slow/a"), ("check_interval", "100ms"), ("check_timeout", "200ms")],
+            &[
+                ("check", "http"),
+                ("check_path", "/slow/a"),
+                ("check_interval", "100ms"),
+                ("check_timeout", "200ms"),
+            ],
         ))
         .await;
     // The same slow answer within a longer timeout is a pass: the timeout decides.
@@ -339,15 +409,29 @@ async fn http_slower_than_the_timeout_is_unhealthy() {
             "patient-1",
             "slow",
             http.port,
-            &[("check", "http"), ("check_path", "/slow/b"), ("check_interval", "100ms"), ("check_timeout", "1500ms")],
+            &[
+                ("check", "http"),
+                ("check_path", "/slow/b"),
+                ("check_interval", "100ms"),
+                ("check_timeout", "1500ms"),
+            ],
         ))
         .await;
     let took = wait_health(&server, "slow-1", false, Duration::from_secs(2)).await;
-    assert!(took < Duration::from_millis(1500), "the timeout (200 ms) was not applied: took {took:?}");
-    wait_until("2 probes of /slow/b", Duration::from_secs(4), || http.hits("/slow/b") >= 2).await;
+    assert!(
+        took < Duration::from_millis(1500),
+        "the timeout (200 ms) was not applied: took {took:?}"
+    );
+    wait_until("2 probes of /slow/b", Duration::from_secs(4), || {
+        http.hits("/slow/b") >= 2
+    })
+    .await;
     tokio::time::sleep(SLOW + Duration::from_millis(100)).await; // let the second probe finish
-    assert!(healthy(&server, "patient-1").await, "a 600 ms answer within a 1500 ms timeout must pass");
-    server.running.shutdown().await;
+    assert!(
+        healthy(&server, "patient-1").await,
+        "a 600 ms answer within a 1500 ms timeout must pass"
+    );
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -362,18 +446,35 @@ async fn recovered_instance_turns_healthy_after_rise_successes() {
     .await;
     let port = closed_port();
     server
-        .register(checked("phoenix-1", "phoenix", port, &[("check", "tcp"), ("check_interval", "300ms"), ("check_timeout", "200ms")]))
+        .register(checked(
+            "phoenix-1",
+            "phoenix",
+            port,
+            &[
+                ("check", "tcp"),
+                ("check_interval", "300ms"),
+                ("check_timeout", "200ms"),
+            ],
+        ))
         .await;
     wait_health(&server, "phoenix-1", false, Duration::from_secs(3)).await;
 
     // The service comes back.
     let peer = Listener::bind(port).await;
     wait_until("2 successful probes", Duration::from_secs(3), || peer.count() >= 2).await;
-    assert!(!healthy(&server, "phoenix-1").await, "healthy again after {} successes; rise is 3", peer.count());
+    assert!(
+        !healthy(&server, "phoenix-1").await,
+        "healthy again after {} successes; rise is 3",
+        peer.count()
+    );
     wait_health(&server, "phoenix-1", true, Duration::from_secs(3)).await;
-    assert!(peer.count() >= 3, "healthy again after only {} successes; rise is 3", peer.count());
+    assert!(
+        peer.count() >= 3,
+        "healthy again after only {} successes; rise is 3",
+        peer.count()
+    );
     peer.close().await;
-    server.running.shutdown().await;
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 #[tokio::test]
@@ -388,7 +489,7 @@ async fn recovered_instance_turns_healthy_with_default_rise() {
     let peer = Listener::bind(port).await;
     wait_health(&server, "lazarus-1", true, Duration::from_secs(2)).await;
     peer.close().await;
-    server.running.shutdown().await;
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 #[tokio::test]
@@ -398,7 +499,9 @@ async fn health_flip_removes_from_dns_restores_and_bumps_the_serial() {
     let port = peer.port;
     server.register(checked("web-checked", "web", port, &FAST)).await;
     // An unchecked sibling keeps the service in the zone.
-    server.register(json!({ "id": "web-static", "name": "web", "address": "10.0.0.9", "port": 9000 })).await;
+    server
+        .register(json!({ "id": "web-static", "name": "web", "address": "10.0.0.9", "port": 9000 }))
+        .await;
     let localhost = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let sibling: IpAddr = "10.0.0.9".parse().unwrap();
 
@@ -408,54 +511,90 @@ async fn health_flip_removes_from_dns_restores_and_bumps_the_serial() {
     both.sort_unstable();
     assert_eq!(srv_ports(&server, "web").await, both);
     assert_eq!(a_addresses(&server, "web").await, vec![sibling, localhost]);
-    let s0 = serial(&server).await;
+    let s0 = server.serial().await;
 
     // Down: out of SRV and A, and the serial moves.
     peer.close().await;
     wait_health(&server, "web-checked", false, Duration::from_secs(2)).await;
-    assert_eq!(srv_ports(&server, "web").await, vec![9000], "an unhealthy instance must leave the SRV answer");
-    assert_eq!(a_addresses(&server, "web").await, vec![sibling], "an unhealthy instance's address must leave the A answer");
-    let s1 = serial(&server).await;
-    assert!(s1 > s0, "the SOA serial must grow when an instance turns unhealthy ({s0} → {s1})");
+    assert_eq!(
+        srv_ports(&server, "web").await,
+        vec![9000],
+        "an unhealthy instance must leave the SRV answer"
+    );
+    assert_eq!(
+        a_addresses(&server, "web").await,
+        vec![sibling],
+        "an unhealthy instance's address must leave the A answer"
+    );
+    let s1 = server.serial().await;
+    assert!(
+        s1 > s0,
+        "the SOA serial must grow when an instance turns unhealthy ({s0} → {s1})"
+    );
 
     // Up again: back in the answers, and the serial moves again.
     let peer = Listener::bind(port).await;
     wait_health(&server, "web-checked", true, Duration::from_secs(2)).await;
-    assert_eq!(srv_ports(&server, "web").await, both, "a recovered instance must return to the SRV answer");
+    assert_eq!(
+        srv_ports(&server, "web").await,
+        both,
+        "a recovered instance must return to the SRV answer"
+    );
     assert_eq!(a_addresses(&server, "web").await, vec![sibling, localhost]);
-    let s2 = serial(&server).await;
-    assert!(s2 > s1, "the SOA serial must grow when an instance turns healthy again ({s1} → {s2})");
+    let s2 = server.serial().await;
+    assert!(
+        s2 > s1,
+        "the SOA serial must grow when an instance turns healthy again ({s1} → {s2})"
+    );
     peer.close().await;
-    server.running.shutdown().await;
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 #[tokio::test]
 async fn service_whose_only_instance_is_unhealthy_has_no_records() {
-    let server = start(|_| {}).await;
-    server.register(checked("lonely-1", "lonely", closed_port(), &FAST)).await;
+    // Ten failed probes (~1 s at 100 ms) before it turns: time to see it served first, even
+    // on a loaded machine.
+    let server = start(|c| c.check_fall = 10).await;
+    server
+        .register(checked("lonely-1", "lonely", closed_port(), &FAST))
+        .await;
     assert_eq!(srv_ports(&server, "lonely").await.len(), 1, "served while healthy");
-    wait_health(&server, "lonely-1", false, Duration::from_secs(2)).await;
-    assert!(srv_ports(&server, "lonely").await.is_empty(), "no SRV for a service with no healthy instance");
-    assert!(a_addresses(&server, "lonely").await.is_empty(), "no A for a service with no healthy instance");
-    server.running.shutdown().await;
+    wait_health(&server, "lonely-1", false, Duration::from_secs(5)).await;
+    assert!(
+        srv_ports(&server, "lonely").await.is_empty(),
+        "no SRV for a service with no healthy instance"
+    );
+    assert!(
+        a_addresses(&server, "lonely").await.is_empty(),
+        "no A for a service with no healthy instance"
+    );
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 #[tokio::test]
 async fn rest_listings_show_unhealthy_and_healthy_only_excludes_it() {
     let server = start(|_| {}).await;
     server.register(checked("api-down", "api", closed_port(), &FAST)).await;
-    server.register(json!({ "id": "api-up", "name": "api", "address": "10.0.0.1", "port": 8080 })).await;
+    server
+        .register(json!({ "id": "api-up", "name": "api", "address": "10.0.0.1", "port": 8080 }))
+        .await;
     server.register(checked("gone-1", "gone", closed_port(), &FAST)).await;
     wait_health(&server, "api-down", false, Duration::from_secs(2)).await;
     wait_health(&server, "gone-1", false, Duration::from_secs(2)).await;
 
     // Unfiltered: everything, with the flag as the checker set it.
     let all = instances(&server, "").await;
-    let flags: Vec<(String, bool)> =
-        all.iter().map(|i| (i["id"].as_str().unwrap().to_owned(), i["healthy"].as_bool().unwrap())).collect();
+    let flags: Vec<(String, bool)> = all
+        .iter()
+        .map(|i| (i["id"].as_str().unwrap().to_owned(), i["healthy"].as_bool().unwrap()))
+        .collect();
     assert_eq!(
         flags,
-        vec![("api-down".to_owned(), false), ("api-up".to_owned(), true), ("gone-1".to_owned(), false)],
+        vec![
+            ("api-down".to_owned(), false),
+            ("api-up".to_owned(), true),
+            ("gone-1".to_owned(), false)
+        ],
         "unhealthy instances stay listed with healthy:false"
     );
     let (_, names) = server.get("/api/v1/services").await;
@@ -463,15 +602,23 @@ async fn rest_listings_show_unhealthy_and_healthy_only_excludes_it() {
 
     // healthy_only: the unhealthy ones, and the service with none healthy, are gone.
     for flag in ["1", "true"] {
-        let ids: Vec<Value> = instances(&server, &format!("&healthy_only={flag}")).await.iter().map(|i| i["id"].clone()).collect();
+        let ids: Vec<Value> = instances(&server, &format!("&healthy_only={flag}"))
+            .await
+            .iter()
+            .map(|i| i["id"].clone())
+            .collect();
         assert_eq!(ids, vec![json!("api-up")], "?healthy_only={flag}&detail=1");
         let (status, names) = server.get(&format!("/api/v1/services?healthy_only={flag}")).await;
         assert_eq!(status, 200);
         assert_eq!(names["services"], json!(["api"]), "?healthy_only={flag}");
     }
-    let ids: Vec<Value> = instances(&server, "&healthy_only=1&name=api").await.iter().map(|i| i["id"].clone()).collect();
+    let ids: Vec<Value> = instances(&server, "&healthy_only=1&name=api")
+        .await
+        .iter()
+        .map(|i| i["id"].clone())
+        .collect();
     assert_eq!(ids, vec![json!("api-up")], "?healthy_only=1&name=api");
-    server.running.shutdown().await;
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -483,16 +630,16 @@ async fn deregistered_instance_is_no_longer_checked() {
     let peer = Listener::bind(0).await;
     server.register(checked("bye-1", "bye", peer.port, &FAST)).await;
     wait_until("two probes", Duration::from_secs(2), || peer.count() >= 2).await;
-    deregister(&server, "bye-1").await;
+    server.deregister("bye-1").await;
     tokio::time::sleep(Duration::from_millis(250)).await; // a probe already in flight may land
     let after = peer.count();
     tokio::time::sleep(Duration::from_millis(700)).await; // ~7 intervals
     assert_eq!(peer.count(), after, "the deregistered instance is still being probed");
     peer.close().await;
-    server.running.shutdown().await;
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
-/// INTERFACE: "After expiry, registering the same id again is a new registration". A new
+/// After expiry, registering the same id again is a new registration (docs/interface.md). A new
 /// registration with a check must be checked, even when the reaper has not yet removed the
 /// expired entry (with the default 30 s reaper interval, a registrant that restarts just
 /// after its lease ran out hits exactly that window).
@@ -508,17 +655,24 @@ async fn reregistered_after_expiry_is_checked_again() {
 
     // The lease runs out (no heartbeat, no DNS query, so the 30 s reaper does not run yet).
     clock.advance(Duration::from_secs(2));
-    assert!(instances(&server, "").await.is_empty(), "expired instances are not listed");
+    assert!(
+        instances(&server, "").await.is_empty(),
+        "expired instances are not listed"
+    );
     tokio::time::sleep(Duration::from_millis(400)).await;
 
     // The registrant comes back on the same id with the same check; then its port dies.
     // (Closing the port before registering raced the 100 ms probes against the commit and
     // the listing on a loaded machine.)
-    assert_eq!(server.register(body).await["created"], true, "after expiry, a new registration");
+    assert_eq!(
+        server.register(body).await["created"],
+        true,
+        "after expiry, a new registration"
+    );
     assert!(healthy(&server, "again-1").await);
     peer.close().await;
     wait_health(&server, "again-1", false, Duration::from_secs(2)).await;
-    server.running.shutdown().await;
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 #[tokio::test]
@@ -539,13 +693,27 @@ async fn reregistering_keeps_health_unless_the_check_changes() {
     assert_eq!(response["created"], false);
     let now = instance(&server, "rr-1").await;
     assert_eq!(now["weight"], 7, "the mutable fields are replaced");
-    assert_eq!(now["healthy"], false, "re-registering with the same check must not reset the unhealthy state");
-    assert!(srv_ports(&server, "rr").await.is_empty(), "still out of DNS after re-registering");
+    assert_eq!(
+        now["healthy"], false,
+        "re-registering with the same check must not reset the unhealthy state"
+    );
+    assert!(
+        srv_ports(&server, "rr").await.is_empty(),
+        "still out of DNS after re-registering"
+    );
 
     // Changed check settings: a new check, starting healthy…
-    let changed = [("check", "tcp"), ("check_interval", "120ms"), ("check_timeout", "200ms")];
+    let changed = [
+        ("check", "tcp"),
+        ("check_interval", "120ms"),
+        ("check_timeout", "200ms"),
+    ];
     server.register(body(7, &changed)).await;
-    assert_eq!(instance(&server, "rr-1").await["healthy"], true, "a changed check must start over from healthy");
+    assert_eq!(
+        instance(&server, "rr-1").await["healthy"],
+        true,
+        "a changed check must start over from healthy"
+    );
     assert_eq!(srv_ports(&server, "rr").await, vec![port]);
     // …which runs: the closed port fails it again.
     wait_health(&server, "rr-1", false, Duration::from_secs(2)).await;
@@ -555,8 +723,12 @@ async fn reregistering_keeps_health_unless_the_check_changes() {
     server.register(body(7, &none)).await;
     assert_eq!(instance(&server, "rr-1").await["healthy"], true);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(instance(&server, "rr-1").await["healthy"], true, "an instance with check=none must not be probed");
-    server.running.shutdown().await;
+    assert_eq!(
+        instance(&server, "rr-1").await["healthy"],
+        true,
+        "an instance with check=none must not be probed"
+    );
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 #[tokio::test]
@@ -564,25 +736,44 @@ async fn default_check_applies_to_instances_that_name_none() {
     let server = start(|c| c.default_check = CheckKind::Tcp).await;
     let peer = Listener::bind(0).await;
     let fast_no_kind = [("check_interval", "100ms"), ("check_timeout", "200ms")];
-    server.register(checked("dflt-down", "dflt", closed_port(), &fast_no_kind)).await;
-    server.register(checked("dflt-up", "dflt", peer.port, &fast_no_kind)).await;
+    server
+        .register(checked("dflt-down", "dflt", closed_port(), &fast_no_kind))
+        .await;
+    server
+        .register(checked("dflt-up", "dflt", peer.port, &fast_no_kind))
+        .await;
     // An explicit check=none opts out of the default.
-    server.register(checked("optout", "optout", closed_port(), &[("check", "none"), ("check_interval", "100ms")])).await;
+    server
+        .register(checked(
+            "optout",
+            "optout",
+            closed_port(),
+            &[("check", "none"), ("check_interval", "100ms")],
+        ))
+        .await;
 
     wait_health(&server, "dflt-down", false, Duration::from_secs(2)).await;
     wait_until("probes of the open port", Duration::from_secs(2), || peer.count() >= 2).await;
     assert!(healthy(&server, "dflt-up").await);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(healthy(&server, "optout").await, "check=none must override default_check = tcp");
+    assert!(
+        healthy(&server, "optout").await,
+        "check=none must override default_check = tcp"
+    );
     peer.close().await;
-    server.running.shutdown().await;
+    server.running.shutdown().await.expect("durable state flushed");
 
     // With the built-in default (none), the same registration is not probed at all.
     let server = start(|_| {}).await;
-    server.register(checked("nocheck", "nocheck", closed_port(), &fast_no_kind)).await;
+    server
+        .register(checked("nocheck", "nocheck", closed_port(), &fast_no_kind))
+        .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(healthy(&server, "nocheck").await, "default_check = none must leave unlabelled instances unchecked");
-    server.running.shutdown().await;
+    assert!(
+        healthy(&server, "nocheck").await,
+        "default_check = none must leave unlabelled instances unchecked"
+    );
+    server.running.shutdown().await.expect("durable state flushed");
 }
 
 #[tokio::test]
@@ -605,11 +796,20 @@ async fn invalid_check_labels_are_400_naming_the_field() {
         let (status, response) = server.post("/api/v1/services/register", &body).await;
         assert_eq!(status, 400, "{body} must be refused: {response}");
         let message = response["message"].as_str().unwrap_or_default();
-        assert!(response["error"].is_string(), "{body}: errors are JSON with a code: {response}");
-        assert!(message.contains(field), "{body}: the message must name {field}: {message}");
-        assert!(message.contains(value), "{body}: the message should quote the bad value {value:?}: {message}");
+        assert!(
+            response["error"].is_string(),
+            "{body}: errors are JSON with a code: {response}"
+        );
+        assert!(
+            message.contains(field),
+            "{body}: the message must name {field}: {message}"
+        );
+        assert!(
+            message.contains(value),
+            "{body}: the message should quote the bad value {value:?}: {message}"
+        );
     }
     let (_, names) = server.get("/api/v1/services").await;
     assert_eq!(names["services"], json!([]), "nothing invalid was stored");
-    server.running.shutdown().await;
+    server.running.shutdown().await.expect("durable state flushed");
 }

@@ -1,6 +1,6 @@
 //! The REST API (R2–R4, R7) over real HTTP, the configuration sources, the command-line help
 //! and the generated API key.
-mod common;
+use crate::common;
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use hickory_proto::rr::RecordType;
 use serde_json::{Value, json};
 
-use common::{KEY, TestServer};
+use crate::common::{KEY, TestServer};
 
 // ---------------------------------------------------------------------------------------
 // Helpers
@@ -25,30 +25,40 @@ fn voice(id: &str) -> Value {
 
 /// A raw POST with the test key and a body sent as is.
 async fn post_raw(server: &TestServer, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
-    server.send(server.http.post(server.url(path)).header("X-API-Key", KEY).body(body)).await
-}
-
-async fn detail(server: &TestServer) -> Value {
-    let (status, body) = server.get("/api/v1/services?detail=1").await;
-    assert_eq!(status, 200, "{body}");
-    body
+    server
+        .send(server.http.post(server.url(path)).header("X-API-Key", KEY).body(body))
+        .await
 }
 
 fn instance_ids(body: &Value) -> Vec<String> {
-    body["instances"].as_array().expect("instances array").iter().map(|i| i["id"].as_str().unwrap().to_owned()).collect()
+    body["instances"]
+        .as_array()
+        .expect("instances array")
+        .iter()
+        .map(|i| i["id"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 fn names(body: &Value) -> Vec<String> {
-    body["services"].as_array().expect("services array").iter().map(|n| n.as_str().unwrap().to_owned()).collect()
+    body["services"]
+        .as_array()
+        .expect("services array")
+        .iter()
+        .map(|n| n.as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// Every error is `{"error": "<code>", "message": "<text>"}`.
 #[track_caller]
 fn assert_error_body(body: &Value) {
     assert!(body.is_object(), "error body is not a JSON object: {body}");
-    let code = body["error"].as_str().unwrap_or_else(|| panic!("no \"error\" string in {body}"));
+    let code = body["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no \"error\" string in {body}"));
     assert!(!code.is_empty(), "{body}");
-    let message = body["message"].as_str().unwrap_or_else(|| panic!("no \"message\" string in {body}"));
+    let message = body["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no \"message\" string in {body}"));
     assert!(!message.is_empty(), "{body}");
 }
 
@@ -64,7 +74,10 @@ fn assert_wire_time(v: &Value) {
     assert_eq!(t.offset().local_minus_utc(), 0, "{s} is not UTC");
     assert!(s.ends_with('Z'), "{s} does not say UTC with Z");
     let frac = s.split_once('.').map(|(_, f)| f.trim_end_matches('Z')).unwrap_or("");
-    assert!(!frac.is_empty() && frac.bytes().all(|b| b.is_ascii_digit()), "{s} has no sub-second digits");
+    assert!(
+        !frac.is_empty() && frac.bytes().all(|b| b.is_ascii_digit()),
+        "{s} has no sub-second digits"
+    );
 }
 
 /// Every field of R1, each of the right JSON type.
@@ -92,13 +105,24 @@ fn assert_full_instance(i: &Value) {
 }
 
 async fn export_text(server: &TestServer) -> String {
-    let response = server.http.get(server.url("/api/v1/services/export")).header("X-API-Key", KEY).send().await.unwrap();
+    let response = server
+        .http
+        .get(server.url("/api/v1/services/export"))
+        .header("X-API-Key", KEY)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status().as_u16(), 200);
     response.text().await.unwrap()
 }
 
 fn find<'a>(body: &'a Value, id: &str) -> &'a Value {
-    body["instances"].as_array().unwrap().iter().find(|i| i["id"] == id).unwrap_or_else(|| panic!("{id} not in {body}"))
+    body["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["id"] == id)
+        .unwrap_or_else(|| panic!("{id} not in {body}"))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -109,7 +133,9 @@ fn find<'a>(body: &'a Value, id: &str) -> &'a Value {
 async fn register_heartbeat_list_detail_deregister() {
     let (server, clock) = common::start_manual(|c| c.default_ttl = Duration::from_secs(30)).await;
 
-    let r = server.register(json!({"name": "voice", "address": "10.0.0.1", "port": 5060})).await;
+    let r = server
+        .register(json!({"name": "voice", "address": "10.0.0.1", "port": 5060}))
+        .await;
     assert_eq!(r, json!({"id": "voice-10.0.0.1-5060", "created": true}));
     let id = "voice-10.0.0.1-5060";
 
@@ -117,7 +143,7 @@ async fn register_heartbeat_list_detail_deregister() {
     assert_eq!(status, 200);
     assert_eq!(body, json!({"services": ["voice"]}));
 
-    let listed = detail(&server).await;
+    let listed = server.detail().await;
     assert_eq!(instance_ids(&listed), vec![id]);
     let i = find(&listed, id);
     assert_full_instance(i);
@@ -148,16 +174,16 @@ async fn register_heartbeat_list_detail_deregister() {
         chrono::Duration::seconds(20),
         "the heartbeat bumps updated_at to now"
     );
-    let listed = detail(&server).await;
+    let listed = server.detail().await;
     assert_eq!(find(&listed, id)["updated_at"], beat["updated_at"]);
 
     // 20s + 20s: alive only thanks to the heartbeat.
     clock.advance(Duration::from_secs(20));
-    assert_eq!(instance_ids(&detail(&server).await), vec![id]);
+    assert_eq!(instance_ids(&server.detail().await), vec![id]);
 
     let (status, body) = server.post(DEREGISTER, &json!({"id": id})).await;
     assert_eq!(status, 200, "{body}");
-    assert!(instance_ids(&detail(&server).await).is_empty());
+    assert!(instance_ids(&server.detail().await).is_empty());
     let (_, body) = server.get(SERVICES).await;
     assert_eq!(body, json!({"services": []}));
     let srv = server.query("_voice._tcp.service.koder.", RecordType::SRV).await;
@@ -175,15 +201,17 @@ async fn created_is_true_then_false_and_registered_at_is_kept() {
     let (server, clock) = common::start_manual(|_| {}).await;
     let first = server.register(voice("v1")).await;
     assert_eq!(first, json!({"id": "v1", "created": true}));
-    let before = find(&detail(&server).await, "v1").clone();
+    let before = find(&server.detail().await, "v1").clone();
 
     clock.advance(Duration::from_secs(3));
     let second = server
-        .register(json!({"id": "v1", "name": "voice", "address": "10.0.0.9", "port": 6000, "weight": 5,
-                         "tags": ["a"], "metadata": {"k": "v"}}))
+        .register(
+            json!({"id": "v1", "name": "voice", "address": "10.0.0.9", "port": 6000, "weight": 5,
+                         "tags": ["a"], "metadata": {"k": "v"}}),
+        )
         .await;
     assert_eq!(second, json!({"id": "v1", "created": false}));
-    let after = detail(&server).await;
+    let after = server.detail().await;
     assert_eq!(instance_ids(&after), vec!["v1"], "no duplicate");
     let after = find(&after, "v1");
     assert_eq!(after["registered_at"], before["registered_at"]);
@@ -205,8 +233,10 @@ async fn every_field_is_present_as_sent() {
             "weight": 0, "priority": 65535, "healthy": false, "ttl_ns": 60_000_000_000i64
         }))
         .await;
-    server.register(json!({"name": "bare", "address": "bare.internal", "port": 1})).await;
-    let body = detail(&server).await;
+    server
+        .register(json!({"name": "bare", "address": "bare.internal", "port": 1}))
+        .await;
+    let body = server.detail().await;
     for i in body["instances"].as_array().unwrap() {
         assert_full_instance(i);
     }
@@ -227,7 +257,10 @@ async fn every_field_is_present_as_sent() {
     assert_eq!(bare["healthy"], true);
     let now = chrono::Utc::now();
     let at = parse_time(bare["registered_at"].as_str().unwrap());
-    assert!((now.timestamp_millis() - at.timestamp_millis()).abs() < 60_000, "registered_at is about now: {at}");
+    assert!(
+        (now.timestamp_millis() - at.timestamp_millis()).abs() < 60_000,
+        "registered_at is about now: {at}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -237,34 +270,64 @@ async fn every_field_is_present_as_sent() {
 #[tokio::test]
 async fn names_are_sorted_unique_and_instances_sorted_by_name_then_id() {
     let server = common::start().await;
-    for (id, name) in [("z", "mid"), ("b", "zeta"), ("y", "alpha"), ("a", "mid"), ("x", "zeta"), ("c", "alpha"), ("m", "mid")] {
-        server.register(json!({"id": id, "name": name, "address": "10.0.0.1", "port": 80})).await;
+    for (id, name) in [
+        ("z", "mid"),
+        ("b", "zeta"),
+        ("y", "alpha"),
+        ("a", "mid"),
+        ("x", "zeta"),
+        ("c", "alpha"),
+        ("m", "mid"),
+    ] {
+        server
+            .register(json!({"id": id, "name": name, "address": "10.0.0.1", "port": 80}))
+            .await;
     }
     let (status, body) = server.get(SERVICES).await;
     assert_eq!(status, 200);
     assert_eq!(names(&body), vec!["alpha", "mid", "zeta"]);
-    let body = detail(&server).await;
+    let body = server.detail().await;
     let pairs: Vec<(String, String)> = body["instances"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|i| (i["name"].as_str().unwrap().to_owned(), i["id"].as_str().unwrap().to_owned()))
+        .map(|i| {
+            (
+                i["name"].as_str().unwrap().to_owned(),
+                i["id"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect();
-    let expect: Vec<(String, String)> =
-        [("alpha", "c"), ("alpha", "y"), ("mid", "a"), ("mid", "m"), ("mid", "z"), ("zeta", "b"), ("zeta", "x")]
-            .iter()
-            .map(|(n, i)| (n.to_string(), i.to_string()))
-            .collect();
+    let expect: Vec<(String, String)> = [
+        ("alpha", "c"),
+        ("alpha", "y"),
+        ("mid", "a"),
+        ("mid", "m"),
+        ("mid", "z"),
+        ("zeta", "b"),
+        ("zeta", "x"),
+    ]
+    .iter()
+    .map(|(n, i)| (n.to_string(), i.to_string()))
+    .collect();
     assert_eq!(pairs, expect);
 }
 
 #[tokio::test]
 async fn detail_healthy_only_and_name_filters() {
     let server = common::start().await;
-    server.register(json!({"id": "v1", "name": "voice", "address": "10.0.0.1", "port": 1})).await;
-    server.register(json!({"id": "v2", "name": "voice", "address": "10.0.0.2", "port": 1, "healthy": false})).await;
-    server.register(json!({"id": "s1", "name": "sick", "address": "10.0.0.3", "port": 1, "healthy": false})).await;
-    server.register(json!({"id": "c1", "name": "chat", "address": "10.0.0.4", "port": 1})).await;
+    server
+        .register(json!({"id": "v1", "name": "voice", "address": "10.0.0.1", "port": 1}))
+        .await;
+    server
+        .register(json!({"id": "v2", "name": "voice", "address": "10.0.0.2", "port": 1, "healthy": false}))
+        .await;
+    server
+        .register(json!({"id": "s1", "name": "sick", "address": "10.0.0.3", "port": 1, "healthy": false}))
+        .await;
+    server
+        .register(json!({"id": "c1", "name": "chat", "address": "10.0.0.4", "port": 1}))
+        .await;
 
     for q in ["?detail=1", "?detail=true", "?detail=TRUE"] {
         let (status, body) = server.get(&format!("{SERVICES}{q}")).await;
@@ -293,7 +356,9 @@ async fn detail_healthy_only_and_name_filters() {
     assert_eq!(names(&body), vec!["voice"]);
     let (_, body) = server.get(&format!("{SERVICES}?name=VOICE&detail=1")).await;
     assert_eq!(instance_ids(&body), vec!["v1", "v2"], "names are compared lower-case");
-    let (_, body) = server.get(&format!("{SERVICES}?name=voice&healthy_only=1&detail=1")).await;
+    let (_, body) = server
+        .get(&format!("{SERVICES}?name=voice&healthy_only=1&detail=1"))
+        .await;
     assert_eq!(instance_ids(&body), vec!["v1"]);
     let (_, body) = server.get(&format!("{SERVICES}?name=sick&healthy_only=1")).await;
     assert_eq!(names(&body), Vec::<String>::new());
@@ -315,7 +380,10 @@ async fn heartbeat_after_expiry_is_410_on_a_manual_clock() {
     .await;
     server.register(voice("v1")).await;
     let export = export_text(&server).await;
-    assert!(export.contains("\"v1\"") && export.contains("5060"), "live: in the export:\n{export}");
+    assert!(
+        export.contains("\"v1\"") && export.contains("5060"),
+        "live: in the export:\n{export}"
+    );
     clock.advance(Duration::from_secs(10) - Duration::from_nanos(1));
     let (status, body) = server.post(HEARTBEAT, &json!({"id": "v1"})).await;
     assert_eq!(status, 200, "1ns before the deadline: {body}");
@@ -323,22 +391,31 @@ async fn heartbeat_after_expiry_is_410_on_a_manual_clock() {
     let (status, body) = server.post(HEARTBEAT, &json!({"id": "v1"})).await;
     assert_eq!(status, 410, "exactly at the renewed deadline: {body}");
     assert_error_body(&body);
-    assert!(body["message"].as_str().unwrap().contains("v1"), "the message names the id: {body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("v1"),
+        "the message names the id: {body}"
+    );
     let (status, _) = server.post(HEARTBEAT, &json!({"id": "v1"})).await;
     assert_eq!(status, 410, "the failed heartbeat resurrected nothing");
-    assert!(instance_ids(&detail(&server).await).is_empty(), "expired: in no listing");
+    assert!(
+        instance_ids(&server.detail().await).is_empty(),
+        "expired: in no listing"
+    );
     let (_, body) = server.get(SERVICES).await;
     assert_eq!(names(&body), Vec::<String>::new());
     let srv = server.query("_voice._tcp.service.koder.", RecordType::SRV).await;
     assert!(srv.answers.is_empty(), "expired: in no DNS answer");
     let export = export_text(&server).await;
-    assert!(!export.contains("\"v1\"") && !export.contains("5060"), "expired: in no export:\n{export}");
+    assert!(
+        !export.contains("\"v1\"") && !export.contains("5060"),
+        "expired: in no export:\n{export}"
+    );
 
     // Registering again is a new registration.
     clock.advance(Duration::from_secs(1));
     let r = server.register(voice("v1")).await;
     assert_eq!(r["created"], true);
-    let i = find(&detail(&server).await, "v1").clone();
+    let i = find(&server.detail().await, "v1").clone();
     assert_eq!(i["registered_at"], i["updated_at"], "a new registered_at");
     let (status, _) = server.post(HEARTBEAT, &json!({"id": "v1"})).await;
     assert_eq!(status, 200, "re-registered: renewable again");
@@ -352,14 +429,16 @@ async fn heartbeat_after_expiry_is_410_before_the_reaper_runs() {
     })
     .await;
     server.register(voice("v1")).await;
-    server.register(json!({"id": "long", "name": "voice", "address": "10.0.0.2", "port": 1, "ttl_ns": 60_000_000_000i64})).await;
+    server
+        .register(json!({"id": "long", "name": "voice", "address": "10.0.0.2", "port": 1, "ttl_ns": 60_000_000_000i64}))
+        .await;
     let (status, _) = server.post(HEARTBEAT, &json!({"id": "v1"})).await;
     assert_eq!(status, 200);
     tokio::time::sleep(Duration::from_millis(400)).await;
     let (status, body) = server.post(HEARTBEAT, &json!({"id": "v1"})).await;
     assert_eq!(status, 410, "{body}");
     assert_error_body(&body);
-    assert_eq!(instance_ids(&detail(&server).await), vec!["long"]);
+    assert_eq!(instance_ids(&server.detail().await), vec!["long"]);
     let (status, _) = server.post(HEARTBEAT, &json!({"id": "long"})).await;
     assert_eq!(status, 200, "ttl_ns overrides the short default");
     let r = server.register(voice("v1")).await;
@@ -398,6 +477,10 @@ fn every_route() -> Vec<(reqwest::Method, &'static str, Option<Value>)> {
         (Method::POST, HEARTBEAT, Some(json!({"id": "v1"}))),
         (Method::POST, DEREGISTER, Some(json!({"id": "v1"}))),
         (Method::GET, "/api/v1/services/export", None),
+        (Method::POST, "/api/v1/services/drift", Some(json!("[[ports]]"))),
+        (Method::GET, "/api/v1/routes", None),
+        (Method::GET, "/api/v1/sd/prometheus", None),
+        (Method::GET, "/api/v1/openapi.json", None),
     ]
 }
 
@@ -405,12 +488,24 @@ fn every_route() -> Vec<(reqwest::Method, &'static str, Option<Value>)> {
 async fn every_route_needs_a_valid_key() {
     let server = common::start().await;
     server.register(voice("v1")).await;
-    let before = detail(&server).await;
-    let wrong_keys = ["wrong", "", &KEY[..KEY.len() - 1], &format!("{KEY}x"), &KEY.to_uppercase()];
+    let before = server.detail().await;
+    let wrong_keys = [
+        "wrong",
+        "",
+        &KEY[..KEY.len() - 1],
+        &format!("{KEY}x"),
+        &KEY.to_uppercase(),
+    ];
     for (method, path, body) in every_route() {
         let mut attempts = vec![("no key", server.http.request(method.clone(), server.url(path)))];
         for k in wrong_keys {
-            attempts.push(("wrong key", server.http.request(method.clone(), server.url(path)).header("X-API-Key", k)));
+            attempts.push((
+                "wrong key",
+                server
+                    .http
+                    .request(method.clone(), server.url(path))
+                    .header("X-API-Key", k),
+            ));
         }
         for (what, mut request) in attempts {
             if let Some(b) = &body {
@@ -421,10 +516,17 @@ async fn every_route_needs_a_valid_key() {
             assert_error_body(&response);
         }
     }
-    assert_eq!(detail(&server).await, before, "unauthenticated requests changed nothing");
+    assert_eq!(
+        server.detail().await,
+        before,
+        "unauthenticated requests changed nothing"
+    );
     // And the right key works on every route.
     for (method, path, body) in every_route() {
-        let mut request = server.http.request(method.clone(), server.url(path)).header("x-api-key", KEY);
+        let mut request = server
+            .http
+            .request(method.clone(), server.url(path))
+            .header("x-api-key", KEY);
         if let Some(b) = &body {
             request = request.json(b);
         }
@@ -437,12 +539,23 @@ async fn every_route_needs_a_valid_key() {
 async fn any_of_several_configured_keys_is_accepted() {
     let server = common::start_with(|c| c.api_keys = vec!["first-key".into(), "second-key".into()]).await;
     for key in ["first-key", "second-key"] {
-        let (status, _) = server.send(server.http.get(server.url(SERVICES)).header("X-API-Key", key)).await;
+        let (status, _) = server
+            .send(server.http.get(server.url(SERVICES)).header("X-API-Key", key))
+            .await;
         assert_eq!(status, 200, "{key}");
     }
-    let (status, _) = server.send(server.http.get(server.url(SERVICES)).header("X-API-Key", KEY)).await;
+    let (status, _) = server
+        .send(server.http.get(server.url(SERVICES)).header("X-API-Key", KEY))
+        .await;
     assert_eq!(status, 401);
-    let (status, _) = server.send(server.http.get(server.url(SERVICES)).header("X-API-Key", "first-key,second-key")).await;
+    let (status, _) = server
+        .send(
+            server
+                .http
+                .get(server.url(SERVICES))
+                .header("X-API-Key", "first-key,second-key"),
+        )
+        .await;
     assert_eq!(status, 401);
 }
 
@@ -451,8 +564,18 @@ async fn healthz_answers_200_without_a_key() {
     let server = common::start().await;
     let response = server.http.get(server.url("/healthz")).send().await.unwrap();
     assert_eq!(response.status().as_u16(), 200);
-    let response = server.http.get(server.url("/healthz")).header("X-API-Key", "wrong").send().await.unwrap();
-    assert_eq!(response.status().as_u16(), 200, "a wrong key does not matter on /healthz");
+    let response = server
+        .http
+        .get(server.url("/healthz"))
+        .header("X-API-Key", "wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status().as_u16(),
+        200,
+        "a wrong key does not matter on /healthz"
+    );
 }
 
 #[tokio::test]
@@ -468,28 +591,41 @@ async fn generated_api_key_is_stored_with_mode_0600_and_works() {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "the key file is readable by its owner only");
     }
-    let (status, body) = server.send(server.http.get(server.url(SERVICES)).header("X-API-Key", &key)).await;
+    let (status, body) = server
+        .send(server.http.get(server.url(SERVICES)).header("X-API-Key", &key))
+        .await;
     assert_eq!(status, 200, "{body}");
-    let (status, body) =
-        server.send(server.http.post(server.url(REGISTER)).header("X-API-Key", &key).json(&voice("v1"))).await;
+    let (status, body) = server
+        .send(
+            server
+                .http
+                .post(server.url(REGISTER))
+                .header("X-API-Key", &key)
+                .json(&voice("v1")),
+        )
+        .await;
     assert_eq!(status, 200, "{body}");
     let (status, body) = server.send(server.http.get(server.url(SERVICES))).await;
     assert_eq!(status, 401, "without the key: {body}");
     assert_error_body(&body);
-    let (status, _) = server.send(server.http.get(server.url(SERVICES)).header("X-API-Key", KEY)).await;
+    let (status, _) = server
+        .send(server.http.get(server.url(SERVICES)).header("X-API-Key", KEY))
+        .await;
     assert_eq!(status, 401, "the test key is not configured here");
 
     // A restart on the same data directory keeps the key, so clients keep working.
     let data_dir = server.dir.path().join("data");
     let TestServer { running, dir, .. } = server;
-    running.shutdown().await;
+    running.shutdown().await.expect("durable state flushed");
     let again = common::start_with(|c| {
         c.api_keys.clear();
         c.data_dir = data_dir.clone();
     })
     .await;
     assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), key);
-    let (status, _) = again.send(again.http.get(again.url(SERVICES)).header("X-API-Key", &key)).await;
+    let (status, _) = again
+        .send(again.http.get(again.url(SERVICES)).header("X-API-Key", &key))
+        .await;
     assert_eq!(status, 200);
     drop(dir);
 }
@@ -571,9 +707,15 @@ async fn every_validation_error_is_400_naming_the_field() {
         assert_eq!(status, 400, "{body}: {response}");
         assert_error_body(&response);
         let message = response["message"].as_str().unwrap();
-        assert!(message.contains(field), "the message for {body} should name {field}: {message}");
+        assert!(
+            message.contains(field),
+            "the message for {body} should name {field}: {message}"
+        );
     }
-    assert!(instance_ids(&detail(&server).await).is_empty(), "no refused registration was stored");
+    assert!(
+        instance_ids(&server.detail().await).is_empty(),
+        "no refused registration was stored"
+    );
 }
 
 #[tokio::test]
@@ -584,9 +726,12 @@ async fn wrong_json_types_are_400_naming_the_field() {
         assert_eq!(status, 400, "{body}: {response}");
         assert_error_body(&response);
         let message = response["message"].as_str().unwrap();
-        assert!(message.contains(field), "the message for {body} should name {field}: {message}");
+        assert!(
+            message.contains(field),
+            "the message for {body} should name {field}: {message}"
+        );
     }
-    assert!(instance_ids(&detail(&server).await).is_empty());
+    assert!(instance_ids(&server.detail().await).is_empty());
 }
 
 const MALFORMED: [&str; 9] = [
@@ -613,7 +758,7 @@ async fn malformed_json_is_400() {
     }
     let (status, response) = post_raw(&server, REGISTER, vec![0xff, 0xfe, b'{']).await;
     assert_eq!(status, 400, "bytes that are not UTF-8: {response}");
-    assert!(instance_ids(&detail(&server).await).is_empty());
+    assert!(instance_ids(&server.detail().await).is_empty());
 }
 
 /// A valid registration padded with trailing whitespace to exactly `len` bytes.
@@ -630,9 +775,10 @@ async fn body_over_64_kib_is_413_and_64_kib_is_accepted() {
     let (status, response) = post_raw(&server, REGISTER, padded(64 * 1024 + 1)).await;
     assert_eq!(status, 413, "{response}");
     assert_error_body(&response);
-    assert!(instance_ids(&detail(&server).await).is_empty());
+    assert!(instance_ids(&server.detail().await).is_empty());
 
-    let big_metadata = json!({"name": "voice", "address": "10.0.0.1", "port": 1, "metadata": {"pad": "x".repeat(70_000)}});
+    let big_metadata =
+        json!({"name": "voice", "address": "10.0.0.1", "port": 1, "metadata": {"pad": "x".repeat(70_000)}});
     let (status, response) = server.post(REGISTER, &big_metadata).await;
     assert_eq!(status, 413, "{response}");
     let (status, response) = post_raw(&server, HEARTBEAT, format!("{{\"id\": \"{}\"}}", "x".repeat(70_000))).await;
@@ -640,14 +786,22 @@ async fn body_over_64_kib_is_413_and_64_kib_is_accepted() {
 
     let (status, response) = post_raw(&server, REGISTER, padded(64 * 1024)).await;
     assert_eq!(status, 200, "exactly 64 KiB is not over the limit: {response}");
-    assert_eq!(instance_ids(&detail(&server).await), vec!["big"]);
+    assert_eq!(instance_ids(&server.detail().await), vec!["big"]);
 }
 
 #[tokio::test]
 async fn body_is_read_without_a_content_type() {
     let server = common::start().await;
-    for (ct, id) in [(None, "no-ct"), (Some("text/plain"), "text-ct"), (Some("application/x-www-form-urlencoded"), "form-ct")] {
-        let mut request = server.http.post(server.url(REGISTER)).header("X-API-Key", KEY).body(voice(id).to_string());
+    for (ct, id) in [
+        (None, "no-ct"),
+        (Some("text/plain"), "text-ct"),
+        (Some("application/x-www-form-urlencoded"), "form-ct"),
+    ] {
+        let mut request = server
+            .http
+            .post(server.url(REGISTER))
+            .header("X-API-Key", KEY)
+            .body(voice(id).to_string());
         if let Some(ct) = ct {
             request = request.header("Content-Type", ct);
         }
@@ -660,7 +814,7 @@ async fn body_is_read_without_a_content_type() {
     assert_eq!(status, 200);
     let (status, _) = post_raw(&server, DEREGISTER, "{\"id\": \"no-ct\"}").await;
     assert_eq!(status, 200);
-    assert_eq!(instance_ids(&detail(&server).await), vec!["form-ct", "text-ct"]);
+    assert_eq!(instance_ids(&server.detail().await), vec!["form-ct", "text-ct"]);
 }
 
 #[tokio::test]
@@ -670,19 +824,26 @@ async fn unknown_fields_are_ignored() {
                       "future": {"nested": [1, 2]}, "ID": "other", "Name": 5, "check_v2": true});
     let r = server.register(body).await;
     assert_eq!(r, json!({"id": "v1", "created": true}));
-    let i = find(&detail(&server).await, "v1").clone();
+    let i = find(&server.detail().await, "v1").clone();
     assert!(i.get("future").is_none());
     assert_eq!(i["name"], "voice");
     let (status, _) = server.post(HEARTBEAT, &json!({"id": "v1", "extra": 1})).await;
     assert_eq!(status, 200);
-    let (status, _) = server.post(DEREGISTER, &json!({"id": "v1", "reason": "shutdown"})).await;
+    let (status, _) = server
+        .post(DEREGISTER, &json!({"id": "v1", "reason": "shutdown"}))
+        .await;
     assert_eq!(status, 200);
 }
 
 #[tokio::test]
 async fn unknown_route_is_404_json_and_wrong_method_is_405_json() {
     let server = common::start().await;
-    for path in ["/nope", "/api/v1/nope", "/api/v2/services", "/api/v1/services/register/extra"] {
+    for path in [
+        "/nope",
+        "/api/v1/nope",
+        "/api/v2/services",
+        "/api/v1/services/register/extra",
+    ] {
         let (status, body) = server.get(path).await;
         assert_eq!(status, 404, "GET {path}: {body}");
         assert_error_body(&body);
@@ -699,7 +860,13 @@ async fn unknown_route_is_404_json_and_wrong_method_is_405_json() {
         (Method::POST, "/healthz"),
     ] {
         let (status, body) = server
-            .send(server.http.request(method.clone(), server.url(path)).header("X-API-Key", KEY).body("{}"))
+            .send(
+                server
+                    .http
+                    .request(method.clone(), server.url(path))
+                    .header("X-API-Key", KEY)
+                    .body("{}"),
+            )
             .await;
         assert_eq!(status, 405, "{method} {path}: {body}");
         assert_error_body(&body);
@@ -710,10 +877,13 @@ async fn unknown_route_is_404_json_and_wrong_method_is_405_json() {
 async fn failed_requests_change_nothing() {
     let server = common::start().await;
     server.register(voice("v1")).await;
-    server.register(json!({"id": "v2", "name": "chat", "address": "chat.internal", "port": 80, "tags": ["t"],
-                           "metadata": {"k": "v"}, "healthy": false}))
+    server
+        .register(
+            json!({"id": "v2", "name": "chat", "address": "chat.internal", "port": 80, "tags": ["t"],
+                           "metadata": {"k": "v"}, "healthy": false}),
+        )
         .await;
-    let before = detail(&server).await;
+    let before = server.detail().await;
     let (_, names_before) = server.get(SERVICES).await;
     let serial = server.running.registry.serial();
 
@@ -739,19 +909,29 @@ async fn failed_requests_change_nothing() {
         let body = json!({"id": "v1", "name": "gone", "address": "10.9.9.9", "port": 1});
         let (status, _) = server.send(server.http.post(server.url(path)).json(&body)).await;
         assert_eq!(status, 401);
-        let (status, _) = server.send(server.http.post(server.url(path)).header("X-API-Key", "bad").json(&body)).await;
+        let (status, _) = server
+            .send(
+                server
+                    .http
+                    .post(server.url(path))
+                    .header("X-API-Key", "bad")
+                    .json(&body),
+            )
+            .await;
         assert_eq!(status, 401);
     }
     let (status, _) = server.post(DEREGISTER, &json!({"id": "nobody"})).await;
     assert_eq!(status, 404);
     let (status, _) = server.post(HEARTBEAT, &json!({"id": "nobody"})).await;
     assert_eq!(status, 410);
-    let (status, _) = server.send(server.http.get(server.url(REGISTER)).header("X-API-Key", KEY)).await;
+    let (status, _) = server
+        .send(server.http.get(server.url(REGISTER)).header("X-API-Key", KEY))
+        .await;
     assert_eq!(status, 405);
     let (status, _) = server.get("/api/v1/services?detail=banana").await;
     assert_eq!(status, 400, "a bad boolean is refused, not guessed");
 
-    assert_eq!(detail(&server).await, before, "listing before == after");
+    assert_eq!(server.detail().await, before, "listing before == after");
     assert_eq!(server.get(SERVICES).await.1, names_before);
     assert_eq!(server.running.registry.serial(), serial, "the SOA serial did not move");
     assert!(server.running.registry.get("nobody").is_none());
@@ -774,7 +954,12 @@ fn binary() -> Command {
 
 /// Runs a command that should exit by itself; kills it (and fails) after 10 seconds.
 fn run(mut command: Command) -> Output {
-    let mut child = command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let start = Instant::now();
     loop {
         if child.try_wait().unwrap().is_some() {
@@ -795,8 +980,14 @@ fn run(mut command: Command) -> Output {
 /// `serve` with free ports and a private data directory, plus `args`.
 fn serve(dir: &std::path::Path, args: &[&str]) -> Command {
     let mut command = binary();
-    command.arg("serve").args(["--dns-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"]);
-    command.arg("--data-dir").arg(dir.join("data")).arg("--zones-dir").arg(dir.join("zones"));
+    command
+        .arg("serve")
+        .args(["--dns-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"]);
+    command
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .arg("--zones-dir")
+        .arg(dir.join("zones"));
     command.args(args);
     command
 }
@@ -819,7 +1010,10 @@ fn bad_environment_value_is_refused_naming_the_setting() {
     let out = run(command);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
-    assert!(stderr.contains("reaper-interval") || stderr.contains("REAPER_INTERVAL"), "names the setting: {stderr}");
+    assert!(
+        stderr.contains("reaper-interval") || stderr.contains("REAPER_INTERVAL"),
+        "names the setting: {stderr}"
+    );
 }
 
 #[test]
@@ -847,13 +1041,16 @@ fn bad_value_in_the_config_file_is_refused_naming_the_setting() {
 #[test]
 fn missing_config_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run(serve(dir.path(), &["--config", dir.path().join("absent.toml").to_str().unwrap()]));
+    let out = run(serve(
+        dir.path(),
+        &["--config", dir.path().join("absent.toml").to_str().unwrap()],
+    ));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
     assert!(stderr.contains("absent.toml"), "names the file: {stderr}");
 }
 
-/// The settings of INTERFACE.md's table: (flag, env).
+/// The settings of the README's table: (flag, env).
 const SETTINGS: [(&str, &str); 9] = [
     ("--dns-listen", "KODER_DNS_DNS_LISTEN"),
     ("--http-listen", "KODER_DNS_HTTP_LISTEN"),
@@ -881,7 +1078,10 @@ fn serve_help_mentions_every_setting() {
         assert!(help.contains(extra), "serve --help does not mention {extra}:\n{help}");
     }
     for default in ["127.0.0.1:1053", "127.0.0.1:8053", "service.koder", "90s", "30s"] {
-        assert!(help.contains(default), "serve --help does not give the default {default}:\n{help}");
+        assert!(
+            help.contains(default),
+            "serve --help does not give the default {default}:\n{help}"
+        );
     }
 }
 
@@ -909,13 +1109,22 @@ fn config_sources_flags_beat_env_beat_file_beat_defaults() {
         }
     }
     command.env(CHILD_MARKER, "1");
-    command.args(["config_precedence_in_a_child_process", "--exact", "--ignored", "--test-threads=1", "--nocapture"]);
+    command.args([
+        "api::config_precedence_in_a_child_process",
+        "--exact",
+        "--ignored",
+        "--test-threads=1",
+        "--nocapture",
+    ]);
     let out = run(command);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("1 passed"), "the child test did not run:\n{stdout}");
-    assert!(stdout.contains("config checks ran in the child"), "the child test skipped its checks:\n{stdout}");
+    assert!(
+        stdout.contains("config checks ran in the child"),
+        "the child test skipped its checks:\n{stdout}"
+    );
 }
 
 /// Set only in the child process: `--include-ignored` (tests/run.sh) also runs the ignored
@@ -958,7 +1167,7 @@ fn config_precedence_in_a_child_process() {
     }
     let s = Duration::from_secs;
 
-    // Defaults, as INTERFACE.md pins them.
+    // Defaults, as the README gives them.
     let c = parse(&[]).unwrap();
     assert_eq!(c.dns_listen.to_string(), "127.0.0.1:1053");
     assert_eq!(c.http_listen.to_string(), "127.0.0.1:8053");
@@ -1080,10 +1289,20 @@ api_keys = ["file-key-1", "file-key-2"]
     assert_eq!(c.negative_ttl, s(2));
     assert_eq!(c.zones_dir, PathBuf::from("/flag/zones"));
     assert_eq!(c.data_dir, PathBuf::from("/flag/data"));
-    assert_eq!(c.api_keys, vec!["env-key-1", "env-key-2"], "no flag for keys: the environment's");
+    assert_eq!(
+        c.api_keys,
+        vec!["env-key-1", "env-key-2"],
+        "no flag for keys: the environment's"
+    );
 
     // Mixed: each setting from the strongest source that has it.
-    for k in ["KODER_DNS_DNS_LISTEN", "KODER_DNS_HTTP_LISTEN", "KODER_DNS_DOMAIN", "KODER_DNS_API_KEY", "KODER_DNS_ZONES_DIR"] {
+    for k in [
+        "KODER_DNS_DNS_LISTEN",
+        "KODER_DNS_HTTP_LISTEN",
+        "KODER_DNS_DOMAIN",
+        "KODER_DNS_API_KEY",
+        "KODER_DNS_ZONES_DIR",
+    ] {
         unset(k);
     }
     let c = parse(&["--config", path, "--default-ttl", "1m", "--domain", "flag.koder"]).unwrap();
@@ -1094,7 +1313,11 @@ api_keys = ["file-key-1", "file-key-2"]
     assert_eq!(c.data_dir, PathBuf::from("/env/data"), "env over file");
     assert_eq!(c.dns_listen.to_string(), "127.0.0.2:2053", "file, nothing stronger");
     assert_eq!(c.zones_dir, PathBuf::from("/file/zones"), "file, nothing stronger");
-    assert_eq!(c.api_keys, vec!["file-key-1", "file-key-2"], "file keys when the environment has none");
+    assert_eq!(
+        c.api_keys,
+        vec!["file-key-1", "file-key-2"],
+        "file keys when the environment has none"
+    );
     let c = parse(&["--default-ttl", "1m"]).unwrap();
     assert_eq!(c.default_ttl, s(60));
     assert_eq!(c.reaper_interval, s(3), "env over default");
@@ -1105,7 +1328,10 @@ api_keys = ["file-key-1", "file-key-2"]
     set("KODER_DNS_DEFAULT_TTL", "banana");
     let e = parse(&[]).unwrap_err().to_string();
     assert!(e.contains("default-ttl"), "{e}");
-    assert!(parse(&["--default-ttl", "90s"]).is_ok(), "a flag overrides a bad environment value");
+    assert!(
+        parse(&["--default-ttl", "90s"]).is_ok(),
+        "a flag overrides a bad environment value"
+    );
     unset("KODER_DNS_DEFAULT_TTL");
     let e = parse(&["--default-ttl", "banana"]).unwrap_err().to_string();
     assert!(e.contains("default-ttl"), "{e}");
@@ -1129,7 +1355,11 @@ api_keys = ["file-key-1", "file-key-2"]
 #[tokio::test]
 async fn unknown_api_routes_need_a_key_too() {
     let server = common::start().await;
-    for (method, path) in [("GET", "/api/v1/nope"), ("GET", "/api/v1/services/register"), ("DELETE", "/api/v1/services")] {
+    for (method, path) in [
+        ("GET", "/api/v1/nope"),
+        ("GET", "/api/v1/services/register"),
+        ("DELETE", "/api/v1/services"),
+    ] {
         let request = server.http.request(method.parse().unwrap(), server.url(path));
         let (status, body) = server.send(request).await;
         assert_eq!(status, 401, "{method} {path} without a key: {body}");
@@ -1137,7 +1367,14 @@ async fn unknown_api_routes_need_a_key_too() {
     }
     let (status, body) = server.get("/api/v1/nope").await;
     assert_eq!(status, 404, "{body}");
-    let (status, body) = server.send(server.http.get(server.url("/api/v1/services/register")).header("X-API-Key", common::KEY)).await;
+    let (status, body) = server
+        .send(
+            server
+                .http
+                .get(server.url("/api/v1/services/register"))
+                .header("X-API-Key", common::KEY),
+        )
+        .await;
     assert_eq!(status, 405, "{body}");
-    server.running.shutdown().await;
+    server.running.shutdown().await.expect("durable state flushed");
 }

@@ -11,7 +11,7 @@ use hickory_proto::rr::{Name, RecordType};
 use koder_dns::config::Config;
 use koder_dns::registry::clock::{Clock, ManualClock, SystemClock};
 use koder_dns::server::{self, Running};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub const KEY: &str = "test-key-0123456789abcdef";
@@ -31,6 +31,9 @@ pub fn test_config(dir: &std::path::Path) -> Config {
         data_dir: dir.join("data"),
         zones_dir: dir.join("zones"),
         api_keys: vec![KEY.to_owned()],
+        // Every test client connects from 127.0.0.1, some with hundreds of requests in
+        // flight; the per-client limit has its own test.
+        http_max_connections_per_client: usize::MAX,
         ..Config::default()
     }
 }
@@ -55,7 +58,12 @@ pub async fn start_with_clock(tweak: impl FnOnce(&mut Config), clock: Arc<dyn Cl
     tweak(&mut config);
     let running = server::start_with_clock(config, clock).await.expect("server starts");
     let base = format!("http://{}", running.http_addr);
-    TestServer { running, http: reqwest::Client::new(), base, dir }
+    TestServer {
+        running,
+        http: reqwest::Client::new(),
+        base,
+        dir,
+    }
 }
 
 impl TestServer {
@@ -65,7 +73,8 @@ impl TestServer {
 
     /// POST with the test key; returns status and JSON body (Null when not JSON).
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        self.send(self.http.post(self.url(path)).header("X-API-Key", KEY).json(body)).await
+        self.send(self.http.post(self.url(path)).header("X-API-Key", KEY).json(body))
+            .await
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
@@ -91,6 +100,28 @@ impl TestServer {
     }
 
     /// A UDP query with EDNS (1232-byte buffer).
+    /// `POST /services/deregister`, asserting `200`.
+    pub async fn deregister(&self, id: &str) {
+        let (status, body) = self.post("/api/v1/services/deregister", &json!({ "id": id })).await;
+        assert_eq!(status, 200, "deregister {id}: {body}");
+    }
+
+    /// `GET /services?detail=1`, asserting `200`.
+    pub async fn detail(&self) -> Value {
+        let (status, body) = self.get("/api/v1/services?detail=1").await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// The service zone's SOA serial, asked over UDP.
+    pub async fn serial(&self) -> u32 {
+        let reply = self.query("service.koder.", RecordType::SOA).await;
+        match reply.answers.first().map(|r| &r.data) {
+            Some(hickory_proto::rr::RData::SOA(soa)) => soa.serial,
+            other => panic!("expected the SOA in the answer, got {other:?}: {reply}"),
+        }
+    }
+
     pub async fn query(&self, name: &str, rtype: RecordType) -> Message {
         udp_query(self.dns(), &query_message(name, rtype, Some(1232))).await
     }
@@ -123,7 +154,9 @@ pub async fn udp_raw(server: SocketAddr, bytes: &[u8], wait: Duration) -> Option
 }
 
 pub async fn udp_query(server: SocketAddr, message: &Message) -> Message {
-    let reply = udp_raw(server, &message.to_vec().unwrap(), Duration::from_secs(5)).await.expect("UDP reply");
+    let reply = udp_raw(server, &message.to_vec().unwrap(), Duration::from_secs(5))
+        .await
+        .expect("UDP reply");
     let reply = Message::from_vec(&reply).expect("decodable reply");
     assert_eq!(reply.metadata.id, message.metadata.id);
     reply
