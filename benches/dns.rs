@@ -10,7 +10,6 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::{LowerName, Name, RecordType};
 use hickory_server::net::xfer::Protocol;
-use hickory_server::zone_handler::Catalog;
 use koder_dns::dns::Authority;
 use koder_dns::dns::answer::ZoneAnswerer;
 use koder_dns::dns::records::ZoneNames;
@@ -70,7 +69,7 @@ fn bench(c: &mut Criterion) {
             ns_address: src.ip(),
         };
         let zone = answerer();
-        let authority = Authority::new(answerer(), Catalog::new(), koder_dns::dns::WireSettings::default());
+        let authority = Authority::new(answerer(), Default::default(), koder_dns::dns::WireSettings::default());
         for service in ["small", "large"] {
             let owner = Name::from_ascii(format!("_{service}._tcp.service.koder.")).unwrap();
             let lower = LowerName::new(&owner);

@@ -161,8 +161,52 @@ pub fn command() -> clap::Command {
 
 impl Cli {
     pub fn parse_args() -> Self {
-        Self::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit())
+        let args = merge_repeated(std::env::args_os());
+        Self::from_arg_matches(&command().get_matches_from(args)).unwrap_or_else(|e| e.exit())
     }
+}
+
+/// Settings that may be given several times, each time adding to the list.
+const REPEATABLE: &[&str] = &["--tsig-key", "--notify"];
+
+/// Folds every `--tsig-key K` (or `--tsig-key=K`) into one comma-separated `--tsig-key=K1,K2`,
+/// the form their environment variables and config keys take, so the one parser of each
+/// setting reads all three sources.
+pub fn merge_repeated(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let mut out = Vec::new();
+    let mut lists: Vec<(&str, Vec<String>)> = Vec::new();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        let text = arg.to_string_lossy();
+        let found = REPEATABLE.iter().find_map(|flag| {
+            if text == *flag {
+                Some((*flag, None))
+            } else {
+                text.strip_prefix(flag)
+                    .and_then(|rest| rest.strip_prefix('='))
+                    .map(|value| (*flag, Some(value.to_owned())))
+            }
+        });
+        let Some((flag, value)) = found else {
+            out.push(arg);
+            continue;
+        };
+        let Some(value) = value.or_else(|| args.next().map(|v| v.to_string_lossy().into_owned())) else {
+            // A flag without its value: left for clap to explain.
+            out.push(arg);
+            continue;
+        };
+        match lists.iter_mut().find(|(f, _)| *f == flag) {
+            Some((_, values)) => values.push(value),
+            None => lists.push((flag, vec![value])),
+        }
+    }
+    out.extend(
+        lists
+            .into_iter()
+            .map(|(flag, values)| format!("{flag}={}", values.join(",")).into()),
+    );
+    out
 }
 
 impl Remote {

@@ -35,6 +35,22 @@ pub type MaybeAddr = Option<SocketAddr>;
 /// A file that may be absent.
 pub type MaybePath = Option<PathBuf>;
 
+/// Addresses and networks (`--allow-transfer`). An alias named apart from `Vec`, because
+/// clap's derive reads a literal `Vec<T>` as a flag given once per value.
+pub type Networks = Vec<ipnet::IpNet>;
+
+/// Addresses with ports (`--notify`); see [`Networks`] for why an alias.
+pub type Targets = Vec<SocketAddr>;
+
+/// Comma-separated `ADDR:PORT`s, or `none`.
+fn targets(s: &str) -> Result<Targets, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty() && *t != "none")
+        .map(parsed)
+        .collect()
+}
+
 /// `none` (or empty) is no file.
 fn optional_path(s: &str) -> Result<MaybePath, String> {
     match s.trim() {
@@ -221,6 +237,26 @@ settings! {
          the live registry with it.";
     watch_max: usize = "8192", "KODER_DNS_WATCH_MAX", "N", parsed,
         "Blocking queries (?index=&wait=) held at once; more get 429.";
+    allow_transfer: Networks = "none", "KODER_DNS_ALLOW_TRANSFER", "CIDRS", crate::dns::transfer::parse_allow,
+        "Addresses or CIDRs (comma-separated) that may transfer the zones (AXFR, IXFR) without TSIG; \
+         none = only transfers signed with a --tsig-key.";
+    tsig_key: crate::dns::tsig::Keys = "none", "KODER_DNS_TSIG_KEYS", "NAME:ALG:BASE64", crate::dns::tsig::parse_keys,
+        "TSIG key (repeatable, or comma-separated; hmac-sha256, hmac-sha384 or hmac-sha512): transfers \
+         signed with it are allowed from anywhere, and signed queries get signed answers.";
+    notify: Targets = "none", "KODER_DNS_NOTIFY", "ADDR:PORT", targets,
+        "Secondary told by NOTIFY of every serial change (repeatable, or comma-separated); coalesced \
+         over 100ms, retried with back-off until it answers.";
+    soa_refresh: Duration = "1h", "KODER_DNS_SOA_REFRESH", "DURATION", parse_duration,
+        "SOA refresh: how often a secondary without NOTIFY asks whether the zone changed.";
+    soa_retry: Duration = "10m", "KODER_DNS_SOA_RETRY", "DURATION", parse_duration,
+        "SOA retry: how soon a secondary asks again after a failed refresh.";
+    soa_expire: Duration = "1d", "KODER_DNS_SOA_EXPIRE", "DURATION", parse_duration,
+        "SOA expire: how long a secondary cut off from us serves its last copy (instances that \
+         died since included) before it stops answering for the zone.";
+    journal_max_changes: usize = "1024", "KODER_DNS_JOURNAL_MAX_CHANGES", "N", parsed,
+        "Zone versions the IXFR journal keeps; a secondary older than all of them gets the whole zone.";
+    journal_max_bytes: usize = "67108864", "KODER_DNS_JOURNAL_MAX_BYTES", "BYTES", parsed,
+        "Bytes of changed records the IXFR journal keeps at most.";
 }
 
 /// Reads the `--config` file, refusing keys that are no setting.
@@ -294,6 +330,21 @@ impl Config {
         }
         if self.check_fall == 0 || self.check_rise == 0 {
             bail!("--check-fall and --check-rise must be at least 1");
+        }
+        for (flag, timer) in [
+            ("--soa-refresh", self.soa_refresh),
+            ("--soa-retry", self.soa_retry),
+            ("--soa-expire", self.soa_expire),
+        ] {
+            if timer.is_zero() || timer.as_secs() > i32::MAX as u64 {
+                bail!("{flag} must be between 1s and 68 years (RFC 1035 timers are 31-bit seconds)");
+            }
+        }
+        if self.soa_expire < self.soa_refresh + self.soa_retry {
+            bail!("--soa-expire must be at least --soa-refresh plus --soa-retry (RFC 1912 §2.2)");
+        }
+        if self.journal_max_changes == 0 {
+            bail!("--journal-max-changes must be at least 1");
         }
         if self.check_concurrency == 0 {
             bail!("--check-concurrency must be at least 1");

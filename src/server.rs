@@ -13,7 +13,11 @@ use tracing::{error, info, warn};
 use crate::api::{self, AppState, auth};
 use crate::cli::ServeArgs;
 use crate::config::{Config, LogFormat};
-use crate::dns::{self, Authority, answer::ZoneAnswerer, records::ZoneNames};
+use crate::dns::{
+    self, Authority,
+    answer::ZoneAnswerer,
+    records::{SoaTimers, ZoneNames},
+};
 use crate::health;
 use crate::registry::clock::{Clock, SystemClock};
 use crate::registry::disk::{self, Disk};
@@ -114,7 +118,12 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
     } else {
         config.api_keys.clone()
     };
-    let zone = ZoneNames::new(&config.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
+    let mut zone = ZoneNames::new(&config.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
+    zone.timers = SoaTimers {
+        refresh: config.soa_refresh.as_secs() as u32,
+        retry: config.soa_retry.as_secs() as u32,
+        expire: config.soa_expire.as_secs() as u32,
+    };
     let static_zones = dns::zones::load(&config.zones_dir, &zone.origin)?;
     let settings = Settings {
         default_ttl: config.default_ttl.as_nanos() as i64,
@@ -141,9 +150,23 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
     let wire = dns::WireSettings {
         udp_max_payload: config.dns_udp_max_payload,
         identity: config.dns_identity.clone(),
+        keys: config.tsig_key.clone(),
+        transfer: dns::transfer::TransferSettings {
+            allow: config.allow_transfer.clone(),
+            journal: dns::journal::Limits {
+                max_changes: config.journal_max_changes,
+                max_bytes: config.journal_max_bytes,
+            },
+        },
     };
     let authority = Authority::new(answerer, static_zones, wire);
     tasks.push(dns::udp::spawn(udp, authority.clone(), shutdown.clone())?);
+    tasks.push(tokio::spawn(dns::notify::run(
+        registry.clone(),
+        authority.clone(),
+        config.notify.clone(),
+        shutdown.clone(),
+    )));
     let limits = dns::tcp::Limits {
         max_connections: config.dns_tcp_max_connections,
         idle_timeout: config.dns_tcp_idle_timeout,

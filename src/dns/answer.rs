@@ -246,6 +246,75 @@ impl ZoneAnswerer {
     }
 }
 
+/// What a zone transfer carries for one service (see [`ZoneAnswerer::transfer_records`]).
+#[derive(Default)]
+pub struct ServiceRecords {
+    /// Sorted and free of duplicates, so that two versions diff by a merge.
+    pub records: Vec<Record>,
+    /// The addresses its SRV targets encode: each has one `<hex>.addr` record in the zone,
+    /// however many services point at it.
+    pub ips: Vec<IpAddr>,
+}
+
+impl ZoneAnswerer {
+    /// The records of `service` in a zone transfer: what the queries at its names answer
+    /// (SRV and TXT at `_<name>._<protocol>`, A, AAAA and TXT at `<name>`), built by the
+    /// same code, with `--dns-ttl` for a TTL: a secondary cannot shorten it as the lease
+    /// runs out, as our own answers do.
+    pub fn transfer_records(&self, service: &str, view: &ServiceView, now: Nanos) -> ServiceRecords {
+        let zone = self.registry.zone();
+        let members: Vec<Arc<Member>> = view.answerable(now).cloned().collect();
+        let Ok(owner) = Name::from_ascii(service).and_then(|n| n.append_domain(&zone.origin)) else {
+            return ServiceRecords::default();
+        };
+        let owner = owner.to_lowercase();
+        let mut records = Vec::new();
+        let mut take = |answer| {
+            if let Answer::Records { answers, .. } = answer {
+                records.extend(answers);
+            }
+        };
+        for qtype in [RecordType::A, RecordType::AAAA, RecordType::TXT] {
+            take(service_records(zone, &members, &owner, qtype, false, self.dns_ttl));
+        }
+        let mut protocols: Vec<&str> = members.iter().map(|m| &*m.protocol).collect();
+        protocols.sort_unstable();
+        protocols.dedup();
+        for protocol in protocols {
+            let of: Vec<Arc<Member>> = members.iter().filter(|m| &*m.protocol == protocol).cloned().collect();
+            let Ok(srv_owner) =
+                Name::from_ascii(format!("_{service}._{protocol}")).and_then(|n| n.append_domain(&zone.origin))
+            else {
+                continue;
+            };
+            let srv_owner = srv_owner.to_lowercase();
+            for qtype in [RecordType::SRV, RecordType::TXT] {
+                take(service_records(zone, &of, &srv_owner, qtype, true, self.dns_ttl));
+            }
+        }
+        records.sort_unstable();
+        records.dedup();
+        let mut ips: Vec<IpAddr> = members.iter().filter_map(|m| m.records.ip()).collect();
+        ips.sort_unstable();
+        ips.dedup();
+        ServiceRecords { records, ips }
+    }
+
+    /// The records of the zone's apex and name server, which every transfer carries.
+    pub fn apex_records(&self) -> Vec<Record> {
+        let zone = self.registry.zone();
+        vec![
+            zone.ns_record(NS_TTL),
+            Record::from_rdata(zone.ns.clone(), NS_TTL, address_rdata(self.ns_address)),
+        ]
+    }
+
+    /// The `<hex>.addr` record of an SRV target's address, as a query for it answers.
+    pub fn addr_record(&self, ip: IpAddr) -> Record {
+        Record::from_rdata(self.registry.zone().addr_name(ip), NS_TTL, address_rdata(ip))
+    }
+}
+
 /// The earliest lease deadline of `members`.
 fn earliest(members: &[Arc<Member>]) -> Nanos {
     members.iter().map(|m| m.lease.deadline()).min().unwrap_or(NEVER)

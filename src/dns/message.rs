@@ -15,7 +15,12 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 use hickory_server::zone_handler::MessageResponse;
 use parking_lot::Mutex;
 
+use super::tsig::{self, Verdict};
 use super::{Authority, response_limit};
+
+/// Bytes kept free in a signed reply for its TSIG record: the key name (up to 255), the
+/// fixed fields and algorithm name (about 40) and an HMAC-SHA512 MAC (64).
+const TSIG_ROOM: usize = 360;
 
 /// Collects the one response the handler sends for a request, encoded within `limit` bytes;
 /// the encoder sets TC if anything is cut.
@@ -159,13 +164,24 @@ pub async fn handle_full(
             formerr(out)
         }
         Ok(request) => {
+            let now = tsig::now();
+            let mut signing = match authority.0.wire.keys.verify(message, now) {
+                Verdict::Rejected(reply) => {
+                    *out = reply;
+                    return true;
+                }
+                Verdict::Signed(signing) => Some(signing),
+                Verdict::Unsigned => None,
+            };
             let limit = response_limit(
                 request.protocol(),
                 request.edns.as_ref(),
                 authority.0.wire.udp_max_payload,
-            ) as u16;
+            );
+            // Room for the TSIG record a signed reply ends with.
+            let limit = limit - if signing.is_some() { TSIG_ROOM } else { 0 };
             let reply = Reply {
-                limit,
+                limit: limit as u16,
                 bytes: Arc::default(),
             };
             authority.handle_request::<_, TokioTime>(&request, reply.clone()).await;
@@ -173,6 +189,9 @@ pub async fn handle_full(
                 return false;
             };
             *out = bytes;
+            if let Some(signing) = &mut signing {
+                signing.sign(out, now);
+            }
             true
         }
         Err(_) => formerr(out),

@@ -21,6 +21,26 @@ pub struct ZoneNames {
     pub ns: Name,
     /// `hostmaster.<origin>`: the SOA RNAME.
     pub hostmaster: Name,
+    /// The SOA's refresh, retry and expire, in seconds (`--soa-refresh` and the others).
+    pub timers: SoaTimers,
+}
+
+/// The SOA timers secondaries follow (RFC 1035 §3.3.13).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SoaTimers {
+    pub refresh: u32,
+    pub retry: u32,
+    pub expire: u32,
+}
+
+impl Default for SoaTimers {
+    fn default() -> Self {
+        Self {
+            refresh: 3600,
+            retry: 600,
+            expire: 86400,
+        }
+    }
 }
 
 impl ZoneNames {
@@ -46,6 +66,7 @@ impl ZoneNames {
             addr,
             ns: child("ns")?,
             hostmaster: child("hostmaster")?,
+            timers: SoaTimers::default(),
             origin,
         })
     }
@@ -77,9 +98,9 @@ impl ZoneNames {
             self.ns.clone(),
             self.hostmaster.clone(),
             serial,
-            3600,
-            600,
-            86400,
+            self.timers.refresh as i32,
+            self.timers.retry as i32,
+            self.timers.expire as i32,
             negative_ttl,
         );
         Record::from_rdata(self.origin.clone(), negative_ttl, RData::SOA(soa))

@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use super::{Authority, handle_bytes};
+use super::{Authority, handle_bytes, transfer};
 use crate::metrics::{self, Transport};
 
 pub struct Limits {
@@ -52,16 +52,30 @@ async fn connection(mut stream: TcpStream, src: SocketAddr, authority: Authority
         if message.len() < 2 {
             return;
         }
-        if !handle_bytes(&authority, &message, src, Protocol::Tcp, &mut reply).await {
+        let replies = if transfer::requested(&message).is_some() {
+            // Built off the runtime's threads: a whole 100k-instance zone takes a while.
+            let authority = authority.clone();
+            match tokio::task::spawn_blocking(move || transfer::answer(&authority, &message, src)).await {
+                Ok(replies) => replies,
+                Err(_) => return,
+            }
+        } else if handle_bytes(&authority, &message, src, Protocol::Tcp, &mut reply).await {
+            vec![std::mem::take(&mut reply)]
+        } else {
             continue;
-        }
-        metrics::dns_reply(Transport::Tcp, &reply);
-        let write = async {
-            stream.write_all(&(reply.len() as u16).to_be_bytes()).await?;
-            stream.write_all(&reply).await
         };
-        if !matches!(tokio::time::timeout(idle, write).await, Ok(Ok(()))) {
-            return;
+        if let Some(first) = replies.first() {
+            metrics::dns_reply(Transport::Tcp, first);
+        }
+        for reply in &replies {
+            // One write per message, its length in front: with TCP_NODELAY a separate
+            // 2-byte write would go out as a packet of its own.
+            let mut framed = Vec::with_capacity(reply.len() + 2);
+            framed.extend_from_slice(&(reply.len() as u16).to_be_bytes());
+            framed.extend_from_slice(reply);
+            if !matches!(tokio::time::timeout(idle, stream.write_all(&framed)).await, Ok(Ok(()))) {
+                return;
+            }
         }
     }
 }

@@ -1,27 +1,50 @@
 //! Static zones: every `*.zone` file of the zones directory, served as its own
-//! authoritative zone through hickory's in-memory zone handler.
+//! authoritative zone through hickory's in-memory zone handler, and transferred whole
+//! (hickory's handler sends a transfer in one message only, which caps a zone at 64 KiB).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use hickory_proto::rr::{LowerName, Name};
+use hickory_proto::rr::{LowerName, Name, Record, RecordType};
 use hickory_proto::serialize::txt::Parser;
 use hickory_server::net::runtime::TokioRuntimeProvider;
 use hickory_server::store::in_memory::InMemoryZoneHandler;
 use hickory_server::zone_handler::{AxfrPolicy, Catalog, ZoneType};
 use tracing::{info, warn};
 
+/// The static zones: hickory's catalog answers queries, and each zone's records are kept
+/// for transfers.
+#[derive(Default)]
+pub struct StaticZones {
+    pub catalog: Catalog,
+    pub zones: Vec<StaticZone>,
+}
+
+/// One zone file's records, for a transfer: its SOA, then the rest.
+pub struct StaticZone {
+    pub origin: LowerName,
+    pub soa: Record,
+    pub records: Vec<Record>,
+}
+
+impl StaticZones {
+    /// The zone whose apex is `name`, if any.
+    pub fn zone(&self, name: &LowerName) -> Option<&StaticZone> {
+        self.zones.iter().find(|z| z.origin == *name)
+    }
+}
+
 /// Loads every zone file; a broken file stops the start with its name and the parser's
 /// account of the line. The file name gives the origin (`koder.dev.zone` → `koder.dev.`)
 /// unless the file sets `$ORIGIN`.
-pub fn load(dir: &Path, service_zone: &Name) -> anyhow::Result<Catalog> {
-    let mut catalog = Catalog::new();
+pub fn load(dir: &Path, service_zone: &Name) -> anyhow::Result<StaticZones> {
+    let mut loaded = StaticZones::default();
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             warn!(dir = %dir.display(), "zones directory not found; serving the service zone only");
-            return Ok(catalog);
+            return Ok(loaded);
         }
         Err(e) => return Err(e).with_context(|| format!("cannot read the zones directory {}", dir.display())),
     };
@@ -50,6 +73,15 @@ pub fn load(dir: &Path, service_zone: &Name) -> anyhow::Result<Catalog> {
             );
         }
         let count = records.len();
+        let mut all: Vec<Record> = records
+            .values()
+            .flat_map(|set| set.records_without_rrsigs().cloned())
+            .collect();
+        all.sort_unstable();
+        let Some(soa) = all.iter().position(|r| r.record_type() == RecordType::SOA) else {
+            bail!("zone file {}: no SOA record", path.display());
+        };
+        let soa = all.remove(soa);
         let handler = InMemoryZoneHandler::<TokioRuntimeProvider>::new(
             origin.clone(),
             records,
@@ -58,9 +90,14 @@ pub fn load(dir: &Path, service_zone: &Name) -> anyhow::Result<Catalog> {
         )
         .map_err(|e| anyhow::anyhow!("zone file {}: {e}", path.display()))?;
         info!(zone = %origin, file = %path.display(), rrsets = count, "static zone loaded");
-        catalog.upsert(LowerName::new(&origin), vec![Arc::new(handler)]);
+        loaded.catalog.upsert(LowerName::new(&origin), vec![Arc::new(handler)]);
+        loaded.zones.push(StaticZone {
+            origin: LowerName::new(&origin),
+            soa,
+            records: all,
+        });
     }
-    Ok(catalog)
+    Ok(loaded)
 }
 
 /// The line a parse error comes from. hickory's parser does not say, so find the shortest

@@ -874,6 +874,14 @@ impl Registry {
         names
     }
 
+    /// Every service's DNS view: what a zone transfer is cut from.
+    pub fn views(&self) -> Vec<(String, Arc<ServiceView>)> {
+        self.services
+            .iter()
+            .map(|v| (v.key().clone(), v.value().clone()))
+            .collect()
+    }
+
     /// The DNS view of one service.
     pub fn view(&self, service: &str) -> Option<Arc<ServiceView>> {
         self.services.get(service).map(|v| v.clone())

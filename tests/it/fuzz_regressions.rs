@@ -66,7 +66,6 @@ fn rest_register_regressions() {
 fn dns_request_regressions() {
     use hickory_proto::op::{Message, MessageType};
     use hickory_server::net::xfer::Protocol;
-    use hickory_server::zone_handler::Catalog;
     use koder_dns::dns::answer::ZoneAnswerer;
     use koder_dns::dns::{Authority, WireSettings, handle_bytes};
 
@@ -101,7 +100,7 @@ fn dns_request_regressions() {
         negative_ttl: 5,
         ns_address: "127.0.0.1".parse().unwrap(),
     };
-    let authority = Authority::new(answerer, Catalog::new(), WireSettings::default());
+    let authority = Authority::new(answerer, Default::default(), WireSettings::default());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

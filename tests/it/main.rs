@@ -24,5 +24,6 @@ mod prepared;
 mod restart;
 mod sd;
 mod tools;
+mod transfer;
 mod ui;
 mod watch;

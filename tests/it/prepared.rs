@@ -9,7 +9,6 @@ use std::time::Duration;
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::{Name, Record, RecordType};
 use hickory_server::net::xfer::Protocol;
-use hickory_server::zone_handler::Catalog;
 use koder_dns::dns::answer::ZoneAnswerer;
 use koder_dns::dns::records::ZoneNames;
 use koder_dns::dns::{Authority, DEFAULT_UDP_MAX_PAYLOAD, WireSettings, handle_full, handle_prepared};
@@ -102,7 +101,7 @@ fn world() -> World {
     World {
         registry,
         clock,
-        authority: Authority::new(answerer, Catalog::new(), WireSettings::default()),
+        authority: Authority::new(answerer, Default::default(), WireSettings::default()),
         runtime,
     }
 }
