@@ -19,7 +19,7 @@ use serde_json::json;
 // tools
 
 /// The path of an installed tool; panics with what to install when it is missing.
-fn tool(name: &str, package: &str) -> PathBuf {
+pub(crate) fn tool(name: &str, package: &str) -> PathBuf {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let dirs = std::env::split_paths(&path).chain(["/usr/sbin", "/sbin", "/usr/local/sbin"].map(PathBuf::from));
     for dir in dirs {
@@ -38,11 +38,11 @@ fn dig_path() -> PathBuf {
 /// dig's output, parsed: status, header flags, and the records of each section as
 /// whitespace-separated fields (`name ttl class type rdata...`).
 #[derive(Debug, Default)]
-struct Dig {
-    raw: String,
-    status: String,
+pub(crate) struct Dig {
+    pub raw: String,
+    pub status: String,
     flags: Vec<String>,
-    answer: Vec<Vec<String>>,
+    pub answer: Vec<Vec<String>>,
     authority: Vec<Vec<String>>,
     additional: Vec<Vec<String>>,
     msg_size: Option<usize>,
@@ -114,7 +114,7 @@ impl Dig {
 }
 
 /// Runs dig with `args` against `server`, and parses what it prints.
-async fn dig(server: SocketAddr, args: &[&str]) -> Dig {
+pub(crate) async fn dig(server: SocketAddr, args: &[&str]) -> Dig {
     let output = tokio::process::Command::new(dig_path())
         .arg(format!("@{}", server.ip()))
         .arg("-p")
@@ -323,7 +323,7 @@ async fn dig_shows_the_shipped_static_zone() {
 // unbound, a real resolver, with a stub zone pointed at koder-dns
 
 /// A port free for both UDP and TCP on loopback.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     for _ in 0..50 {
         let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
         let port = udp.local_addr().unwrap().port();

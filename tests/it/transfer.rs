@@ -460,3 +460,404 @@ async fn notify_is_sent_after_changes_coalesced_and_retried_until_answered() {
     }
     assert!(times[1] - times[0] >= Duration::from_millis(400), "a retry waits");
 }
+
+// ---------------------------------------------------------------------------------------
+// Real secondaries: Knot DNS and NSD transferring from koder-dns
+
+use crate::tools::{dig, free_port, tool};
+use std::path::Path;
+use std::process::Stdio;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Knot,
+    Nsd,
+}
+
+/// A secondary of the service zone, its primary koder-dns at `primary`.
+struct Secondary {
+    kind: Kind,
+    child: tokio::process::Child,
+    addr: SocketAddr,
+    dir: tempfile::TempDir,
+    log: std::path::PathBuf,
+}
+
+impl Drop for Secondary {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+/// The secret a secondary signs its transfers with: ours, or another one.
+#[derive(Clone, Copy, PartialEq)]
+enum Signing {
+    Unsigned,
+    Key,
+    WrongKey,
+}
+
+fn secondary_conf(kind: Kind, dir: &Path, port: u16, primary: SocketAddr, signing: Signing) -> String {
+    let d = dir.display();
+    let secret = match signing {
+        Signing::WrongKey => data_encoding::BASE64.encode(b"not the secret the primary holds."),
+        _ => data_encoding::BASE64.encode(SECRET),
+    };
+    let (pip, pport) = (primary.ip(), primary.port());
+    match kind {
+        Kind::Knot => {
+            let key_ref = if signing == Signing::Unsigned {
+                ""
+            } else {
+                "\n    key: transfer."
+            };
+            format!(
+                r#"server:
+    rundir: "{d}"
+    listen: 127.0.0.1@{port}
+log:
+  - target: "{d}/secondary.log"
+    any: debug
+database:
+    storage: "{d}"
+control:
+    listen: "{d}/knot.sock"
+key:
+  - id: transfer.
+    algorithm: hmac-sha256
+    secret: {secret}
+remote:
+  - id: primary
+    address: {pip}@{pport}{key_ref}
+acl:
+  - id: notify
+    address: 127.0.0.1
+    action: notify
+zone:
+  - domain: service.koder.
+    storage: "{d}"
+    file: "service.koder.zone"
+    master: primary
+    acl: notify
+    zonefile-sync: -1
+"#
+            )
+        }
+        Kind::Nsd => {
+            let key = if signing == Signing::Unsigned {
+                "NOKEY"
+            } else {
+                "transfer."
+            };
+            format!(
+                r#"server:
+    ip-address: 127.0.0.1@{port}
+    do-ip6: no
+    username: ""
+    chroot: ""
+    zonesdir: "{d}"
+    database: ""
+    zonelistfile: "{d}/zone.list"
+    xfrdfile: "{d}/xfrd.state"
+    xfrdir: "{d}"
+    pidfile: "{d}/nsd.pid"
+    logfile: "{d}/secondary.log"
+    server-count: 1
+    verbosity: 2
+remote-control:
+    control-enable: no
+key:
+    name: "transfer."
+    algorithm: hmac-sha256
+    secret: "{secret}"
+zone:
+    name: "service.koder."
+    zonefile: "service.koder.zone"
+    request-xfr: {pip}@{pport} {key}
+    allow-notify: 127.0.0.1 NOKEY
+"#
+            )
+        }
+    }
+}
+
+fn start_secondary(kind: Kind, port: u16, primary: SocketAddr, signing: Signing) -> Secondary {
+    start_secondary_in(tempfile::tempdir().unwrap(), kind, port, primary, signing)
+}
+
+/// Starts a secondary keeping its state in `dir` (a restarted one keeps its zone there).
+fn start_secondary_in(
+    dir: tempfile::TempDir,
+    kind: Kind,
+    port: u16,
+    primary: SocketAddr,
+    signing: Signing,
+) -> Secondary {
+    let conf = dir.path().join("secondary.conf");
+    std::fs::write(&conf, secondary_conf(kind, dir.path(), port, primary, signing)).unwrap();
+    let (program, args): (_, Vec<&str>) = match kind {
+        Kind::Knot => (tool("knotd", "knot"), vec!["-c"]),
+        Kind::Nsd => (tool("nsd", "nsd"), vec!["-d", "-c"]),
+    };
+    let child = tokio::process::Command::new(program)
+        .args(args)
+        .arg(&conf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the secondary");
+    Secondary {
+        kind,
+        child,
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        log: dir.path().join("secondary.log"),
+        dir,
+    }
+}
+
+impl Secondary {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn serial(&self) -> Option<u32> {
+        let reply = dig(self.addr, &["+time=1", "+tries=1", "SOA", ZONE]).await;
+        reply.answer.first().and_then(|r| r.get(6)).and_then(|s| s.parse().ok())
+    }
+
+    /// Waits until the secondary serves `serial`; returns how long that took.
+    async fn until_serial(&self, serial: u32, within: Duration) -> Duration {
+        let started = Instant::now();
+        loop {
+            if self.serial().await == Some(serial) {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < within,
+                "{:?} did not reach serial {serial} within {within:?} (it has {:?}):\n{}",
+                self.kind,
+                self.serial().await,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn restart(mut self, primary: SocketAddr, signing: Signing) -> Secondary {
+        let _ = self.child.kill().await;
+        let (port, kind) = (self.addr.port(), self.kind);
+        // The same directory: it keeps the zone it had, as a restarted secondary does.
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        start_secondary_in(dir, kind, port, primary, signing)
+    }
+}
+
+/// The sorted record data `name`/`rtype` answers with, TTLs aside (ours shrink with leases).
+async fn rdata(server: SocketAddr, name: &str, rtype: &str) -> Vec<String> {
+    let reply = dig(server, &["+time=2", "+tries=1", rtype, name]).await;
+    let mut out: Vec<String> = reply
+        .answer
+        .iter()
+        .filter(|r| r.get(3).is_some_and(|t| t == rtype))
+        .map(|r| r[4..].join(" "))
+        .collect();
+    out.sort();
+    out
+}
+
+fn primary_settings(c: &mut koder_dns::config::Config, notify: SocketAddr, signing: Signing) {
+    if signing == Signing::Unsigned {
+        c.allow_transfer = vec!["127.0.0.0/8".parse().unwrap()];
+    }
+    c.tsig_key = koder_dns::dns::tsig::parse_keys(&key_text("transfer.")).unwrap();
+    c.notify = vec![notify];
+    // An hour: anything faster than that is NOTIFY's doing.
+    c.soa_refresh = Duration::from_secs(3600);
+}
+
+/// The whole life of a secondary: the first transfer matches what koder-dns answers; a
+/// registration and a deregistration reach it within 2 s by NOTIFY and IXFR (the refresh
+/// is an hour); restarted, it catches up with what changed while it was down.
+async fn secondary_follows_the_registry(kind: Kind, signing: Signing) {
+    let port = free_port();
+    let notify = SocketAddr::from(([127, 0, 0, 1], port));
+    let server = common::start_with(|c| primary_settings(c, notify, signing)).await;
+    for i in 1..=3 {
+        server
+            .register(
+                json!({"name": "voice", "address": format!("10.0.0.{i}"), "port": 5060, "metadata": {"zone": "a"}}),
+            )
+            .await;
+    }
+    server
+        .register(json!({"name": "ldap", "address": "ldap1.example.net", "port": 389, "protocol": "tcp"}))
+        .await;
+    let secondary = start_secondary(kind, port, server.dns(), signing);
+    secondary
+        .until_serial(serial(&server).await, Duration::from_secs(15))
+        .await;
+    for (name, rtype) in [
+        ("_voice._tcp.service.koder.", "SRV"),
+        ("voice.service.koder.", "A"),
+        ("voice.service.koder.", "TXT"),
+        ("_voice._tcp.service.koder.", "TXT"),
+        ("_ldap._tcp.service.koder.", "SRV"),
+        ("0a000002.addr.service.koder.", "A"),
+        ("service.koder.", "NS"),
+        ("ns.service.koder.", "A"),
+    ] {
+        let ours = rdata(server.dns(), name, rtype).await;
+        assert!(!ours.is_empty(), "{name} {rtype}");
+        assert_eq!(
+            rdata(secondary.addr, name, rtype).await,
+            ours,
+            "{kind:?}: {name} {rtype}"
+        );
+    }
+
+    let mut delays = Vec::new();
+    server
+        .register(json!({"name": "voice", "address": "10.0.0.4", "port": 5060}))
+        .await;
+    delays.push(
+        secondary
+            .until_serial(serial(&server).await, Duration::from_secs(2))
+            .await,
+    );
+    assert_eq!(
+        rdata(secondary.addr, "_voice._tcp.service.koder.", "SRV").await.len(),
+        4
+    );
+    let (status, _) = server
+        .post("/api/v1/services/deregister", &json!({"id": "voice-10.0.0.1-5060"}))
+        .await;
+    assert_eq!(status, 200);
+    delays.push(
+        secondary
+            .until_serial(serial(&server).await, Duration::from_secs(2))
+            .await,
+    );
+    assert_eq!(
+        rdata(secondary.addr, "_voice._tcp.service.koder.", "SRV").await,
+        rdata(server.dns(), "_voice._tcp.service.koder.", "SRV").await
+    );
+    // The single changes went by IXFR, as the secondary's log says.
+    let log = secondary.log();
+    let ixfr = match kind {
+        Kind::Knot => log.contains("IXFR, incoming") && log.contains("finished"),
+        // NSD does not name the kind: the bytes it took say it. The first transfer was the
+        // whole (smaller) zone; each single change since is a fraction of it.
+        Kind::Nsd => {
+            let sizes: Vec<usize> = log
+                .lines()
+                .filter(|l| l.contains("received update to serial") && l.contains(" of "))
+                .filter_map(|l| l.split(" of ").last()?.split(' ').next()?.parse().ok())
+                .collect();
+            sizes.len() >= 3 && sizes[1..].iter().all(|s| s * 2 < sizes[0])
+        }
+    };
+    assert!(ixfr, "{kind:?} took no IXFR:\n{log}");
+
+    let secondary = secondary.restart(server.dns(), signing).await;
+    server
+        .register(json!({"name": "while-down", "address": "10.0.0.9", "port": 1}))
+        .await;
+    secondary
+        .until_serial(serial(&server).await, Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        rdata(secondary.addr, "while-down.service.koder.", "A").await,
+        vec!["10.0.0.9"]
+    );
+    eprintln!("{kind:?} {signing:?}: NOTIFY to served in {delays:?}");
+}
+
+impl std::fmt::Debug for Signing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Signing::Unsigned => "unsigned",
+            Signing::Key => "TSIG",
+            Signing::WrongKey => "wrong TSIG",
+        })
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs knotd and dig (installed by tests/run.sh)"]
+async fn knot_secondary_follows_by_notify_and_ixfr() {
+    secondary_follows_the_registry(Kind::Knot, Signing::Unsigned).await;
+}
+
+#[tokio::test]
+#[ignore = "needs nsd and dig (installed by tests/run.sh)"]
+async fn nsd_secondary_follows_by_notify_and_ixfr() {
+    secondary_follows_the_registry(Kind::Nsd, Signing::Unsigned).await;
+}
+
+#[tokio::test]
+#[ignore = "needs knotd and dig (installed by tests/run.sh)"]
+async fn knot_secondary_follows_with_tsig() {
+    secondary_follows_the_registry(Kind::Knot, Signing::Key).await;
+}
+
+#[tokio::test]
+#[ignore = "needs nsd and dig (installed by tests/run.sh)"]
+async fn nsd_secondary_follows_with_tsig() {
+    secondary_follows_the_registry(Kind::Nsd, Signing::Key).await;
+}
+
+/// A secondary with the wrong secret (and none allowed by address) gets nothing: it has no
+/// zone to serve, and koder-dns's answers to it were NOTAUTH.
+#[tokio::test]
+#[ignore = "needs knotd, nsd and dig (installed by tests/run.sh)"]
+async fn secondaries_with_a_wrong_key_get_no_zone() {
+    for kind in [Kind::Knot, Kind::Nsd] {
+        let port = free_port();
+        let notify = SocketAddr::from(([127, 0, 0, 1], port));
+        let server = common::start_with(|c| primary_settings(c, notify, Signing::WrongKey)).await;
+        server
+            .register(json!({"name": "a", "address": "10.0.0.1", "port": 1}))
+            .await;
+        let secondary = start_secondary(kind, port, server.dns(), Signing::WrongKey);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(
+            secondary.serial().await,
+            None,
+            "{kind:?} got a zone:\n{}",
+            secondary.log()
+        );
+        assert!(rdata(secondary.addr, "a.service.koder.", "A").await.is_empty());
+    }
+}
+
+/// 100,000 instances (1,000 services of 100) reach Knot whole by AXFR.
+#[tokio::test]
+#[ignore = "needs knotd and dig (installed by tests/run.sh)"]
+async fn a_100k_instance_zone_transfers_whole_to_knot() {
+    let port = free_port();
+    let notify = SocketAddr::from(([127, 0, 0, 1], port));
+    let server = common::start_with(|c| primary_settings(c, notify, Signing::Unsigned)).await;
+    let registry = &server.running.registry;
+    for i in 0..100_000u32 {
+        let registration: koder_dns::registry::instance::Registration = serde_json::from_value(json!({
+            "name": format!("svc{}", i / 100),
+            "address": format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255),
+            "port": 8000,
+        }))
+        .unwrap();
+        registry.register(registration.validate().unwrap()).unwrap();
+    }
+    let started = Instant::now();
+    let secondary = start_secondary(Kind::Knot, port, server.dns(), Signing::Unsigned);
+    secondary
+        .until_serial(serial(&server).await, Duration::from_secs(120))
+        .await;
+    eprintln!("100k instances transferred to Knot in {:?}", started.elapsed());
+    for service in ["svc0", "svc500", "svc999"] {
+        let owner = format!("_{service}._tcp.service.koder.");
+        let reply = dig(secondary.addr, &["+tcp", "SRV", &owner]).await;
+        assert_eq!(reply.answer.len(), 100, "{owner}");
+    }
+}
