@@ -52,30 +52,42 @@ async fn connection(mut stream: TcpStream, src: SocketAddr, authority: Authority
         if message.len() < 2 {
             return;
         }
-        let replies = if transfer::requested(&message).is_some() {
-            // Built off the runtime's threads: a whole 100k-instance zone takes a while.
+        if transfer::requested(&message).is_some() {
+            // Built off the runtime's threads (a 100k-instance zone takes a while) and
+            // written as each message is ready.
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(16);
             let authority = authority.clone();
-            match tokio::task::spawn_blocking(move || transfer::answer(&authority, &message, src)).await {
-                Ok(replies) => replies,
-                Err(_) => return,
+            tokio::task::spawn_blocking(move || {
+                transfer::answer(&authority, &message, src, &mut |reply| {
+                    let _ = tx.blocking_send(reply);
+                })
+            });
+            let mut first = true;
+            while let Some(reply) = rx.recv().await {
+                if std::mem::take(&mut first) {
+                    metrics::dns_reply(Transport::Tcp, &reply);
+                }
+                if !write_framed(&mut stream, &reply, idle).await {
+                    return;
+                }
             }
-        } else if handle_bytes(&authority, &message, src, Protocol::Tcp, &mut reply).await {
-            vec![std::mem::take(&mut reply)]
-        } else {
             continue;
-        };
-        if let Some(first) = replies.first() {
-            metrics::dns_reply(Transport::Tcp, first);
         }
-        for reply in &replies {
-            // One write per message, its length in front: with TCP_NODELAY a separate
-            // 2-byte write would go out as a packet of its own.
-            let mut framed = Vec::with_capacity(reply.len() + 2);
-            framed.extend_from_slice(&(reply.len() as u16).to_be_bytes());
-            framed.extend_from_slice(reply);
-            if !matches!(tokio::time::timeout(idle, stream.write_all(&framed)).await, Ok(Ok(()))) {
-                return;
-            }
+        if !handle_bytes(&authority, &message, src, Protocol::Tcp, &mut reply).await {
+            continue;
+        }
+        metrics::dns_reply(Transport::Tcp, &reply);
+        if !write_framed(&mut stream, &reply, idle).await {
+            return;
         }
     }
+}
+
+/// Writes one message with its length in front, in one write: with TCP_NODELAY a separate
+/// 2-byte write would go out as a packet of its own. False when the client is gone or stalled.
+async fn write_framed(stream: &mut TcpStream, reply: &[u8], idle: Duration) -> bool {
+    let mut framed = Vec::with_capacity(reply.len() + 2);
+    framed.extend_from_slice(&(reply.len() as u16).to_be_bytes());
+    framed.extend_from_slice(reply);
+    matches!(tokio::time::timeout(idle, stream.write_all(&framed)).await, Ok(Ok(())))
 }

@@ -92,22 +92,24 @@ pub fn requested(message: &[u8]) -> Option<RecordType> {
     }
 }
 
-/// Answers a transfer request over TCP: the messages to send, in order.
-pub fn answer(authority: &Authority, message: &[u8], src: SocketAddr) -> Vec<Vec<u8>> {
+/// Answers a transfer request over TCP, handing each message to `send` as soon as it is
+/// built, so that a large zone's first message leaves at once (a secondary waiting seconds
+/// for it gives up: Knot's default is 5 s).
+pub fn answer(authority: &Authority, message: &[u8], src: SocketAddr, send: &mut dyn FnMut(Vec<u8>)) {
     let zones = &*authority.0;
     let now = tsig::now();
     let signing = match zones.wire.keys.verify(message, now) {
-        Verdict::Rejected(reply) => return vec![reply],
+        Verdict::Rejected(reply) => return send(reply),
         Verdict::Signed(signing) => Some(signing),
         Verdict::Unsigned => None,
     };
     let Ok(request) = Message::from_vec(message) else {
-        return vec![error(message, ResponseCode::FormErr)];
+        return send(error(message, ResponseCode::FormErr));
     };
     let Some(query) = request.queries.first() else {
-        return vec![error(message, ResponseCode::FormErr)];
+        return send(error(message, ResponseCode::FormErr));
     };
-    let mut out = Out::new(&request.metadata, query, signing, now);
+    let mut out = Out::new(&request.metadata, query, signing, now, send);
     if out.signing.is_none() && !zones.wire.transfer.allows(src.ip()) {
         tracing::info!(%src, zone = %query.name(), "transfer refused: not in --allow-transfer and not signed with a --tsig-key");
         return out.refuse(ResponseCode::Refused);
@@ -154,10 +156,10 @@ pub fn answer(authority: &Authority, message: &[u8], src: SocketAddr) -> Vec<Vec
                         .chain(&version.addrs)
                         .chain(std::iter::once(&current)),
                 );
-                tracing::info!(%src, serial = version.serial, kind = %query.query_type(), messages = out.messages.len(), "whole zone sent");
+                tracing::info!(%src, serial = version.serial, kind = %query.query_type(), messages = out.sent, "whole zone sent");
             }
         }
-        return out.messages;
+        return;
     }
     match zones.static_zones.zone(&name) {
         Some(file) => {
@@ -174,7 +176,6 @@ pub fn answer(authority: &Authority, message: &[u8], src: SocketAddr) -> Vec<Vec
                         .chain(std::iter::once(&file.soa)),
                 );
             }
-            out.messages
         }
         // Not a zone we serve (or a name below an apex): as a query outside every zone.
         None => out.refuse(ResponseCode::Refused),
@@ -192,16 +193,23 @@ pub fn udp_ixfr(authority: &Authority, name: &LowerName, signed: bool, src: IpAd
 }
 
 /// A transfer's messages as they are built.
-struct Out {
+struct Out<'a> {
     metadata: Metadata,
     query: Query,
     signing: Option<Signing>,
     now: u64,
-    messages: Vec<Vec<u8>>,
+    send: &'a mut dyn FnMut(Vec<u8>),
+    sent: usize,
 }
 
-impl Out {
-    fn new(request: &Metadata, query: &Query, signing: Option<Signing>, now: u64) -> Self {
+impl<'a> Out<'a> {
+    fn new(
+        request: &Metadata,
+        query: &Query,
+        signing: Option<Signing>,
+        now: u64,
+        send: &'a mut dyn FnMut(Vec<u8>),
+    ) -> Self {
         let mut metadata = Metadata::response_from_request(request);
         metadata.authoritative = true;
         Self {
@@ -209,22 +217,22 @@ impl Out {
             query: query.clone(),
             signing,
             now,
-            messages: Vec::new(),
+            send,
+            sent: 0,
         }
     }
 
-    fn refuse(mut self, code: ResponseCode) -> Vec<Vec<u8>> {
+    fn refuse(mut self, code: ResponseCode) {
         self.metadata.authoritative = false;
         self.metadata.response_code = code;
         self.records(std::iter::empty::<&Record>());
-        self.messages
     }
 
     /// Packs `records` into messages; the question goes in the first only (RFC 5936 §2.2).
-    fn records<'a>(&mut self, records: impl IntoIterator<Item = &'a Record>) {
+    fn records<'r>(&mut self, records: impl IntoIterator<Item = &'r Record>) {
         let mut records = records.into_iter().peekable();
         loop {
-            let first = self.messages.is_empty();
+            let first = self.sent == 0;
             let mut buf = Vec::with_capacity(MESSAGE_TARGET + 1024);
             let mut count = 0u16;
             let mut encoder = BinEncoder::new(&mut buf);
@@ -240,8 +248,11 @@ impl Out {
             }
             drop(encoder);
             if !ok {
-                // A record that cannot be written: the transfer fails as a whole.
-                self.messages = vec![error_for(&self.metadata, &self.query, ResponseCode::ServFail)];
+                // A record that cannot be written: SERVFAIL if nothing went out yet, else the
+                // connection closes mid-transfer and the secondary keeps its copy.
+                if first {
+                    (self.send)(error_for(&self.metadata, &self.query, ResponseCode::ServFail));
+                }
                 return;
             }
             buf[4..6].copy_from_slice(&u16::from(first).to_be_bytes());
@@ -249,7 +260,8 @@ impl Out {
             if let Some(signing) = &mut self.signing {
                 signing.sign(&mut buf, self.now);
             }
-            self.messages.push(buf);
+            (self.send)(buf);
+            self.sent += 1;
             if records.peek().is_none() {
                 return;
             }
