@@ -63,6 +63,7 @@ fn bench(c: &mut Criterion) {
     for total in [1_000, 100_000] {
         let registry = registry(total);
         let answerer = || ZoneAnswerer {
+            host_addresses: Default::default(),
             registry: registry.clone(),
             dns_ttl: 5,
             negative_ttl: 5,

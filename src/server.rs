@@ -142,6 +142,7 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         .with_context(|| format!("cannot listen for DNS on {} (--dns-listen)", config.dns_listen))?;
     let dns_addr = tcp.local_addr()?;
     let answerer = ZoneAnswerer {
+        host_addresses: Arc::new(static_zones.host_addresses()),
         registry: registry.clone(),
         dns_ttl: config.dns_ttl.as_secs() as u32,
         negative_ttl: config.negative_ttl.as_secs() as u32,

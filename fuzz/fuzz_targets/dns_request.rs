@@ -75,7 +75,7 @@ fn world() -> &'static World {
             let _guard = runtime.enter();
             koder_dns::dns::zones::load(&zones_dir, &zone.origin).expect("zones/ loads")
         };
-        let answerer = ZoneAnswerer { registry, dns_ttl: 5, negative_ttl: 5, ns_address: "127.0.0.1".parse().unwrap() };
+        let answerer = ZoneAnswerer { host_addresses: std::sync::Arc::new(static_zones.host_addresses()), registry, dns_ttl: 5, negative_ttl: 5, ns_address: "127.0.0.1".parse().unwrap() };
         World { runtime, authority: Authority::new(answerer, static_zones, koder_dns::dns::WireSettings::default()) }
     })
 }

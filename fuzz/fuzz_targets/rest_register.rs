@@ -115,6 +115,7 @@ fuzz_target!(|data: &[u8]| {
 
     // DNS: the instance's answers build and encode.
     let answerer = ZoneAnswerer {
+        host_addresses: Default::default(),
         registry: registry.clone(),
         dns_ttl: 5,
         negative_ttl: 5,

@@ -1,6 +1,6 @@
 //! Answers for the service zone, computed from the registry's read-only view.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -35,6 +35,11 @@ pub struct ZoneAnswerer {
     pub negative_ttl: u32,
     /// Address of `ns.<zone>`.
     pub ns_address: IpAddr,
+    /// The A and AAAA records of names in the static zones, by name: an SRV target that is
+    /// a host name in a zone we serve gets its addresses in the additional section, as NSD
+    /// and Knot add them. (Static zones never change while running, so answers prepared
+    /// with them stay right.)
+    pub host_addresses: Arc<HashMap<LowerName, Vec<Record>>>,
 }
 
 /// TTL of records that do not churn: NS, the address of `ns.`, and `<hex>.addr` addresses
@@ -173,7 +178,15 @@ impl ZoneAnswerer {
         // Shuffled so that load spreads.
         fastrand::shuffle(&mut members);
         let ttl = Lease::ttl_at(earliest(&members), now, self.dns_ttl);
-        service_records(self.registry.zone(), &members, owner, qtype, protocol.is_some(), ttl)
+        service_records(
+            self.registry.zone(),
+            &self.host_addresses,
+            &members,
+            owner,
+            qtype,
+            protocol.is_some(),
+            ttl,
+        )
     }
 
     /// Calls `f` with the prepared answer for `qtype` at `qname` (inside the zone), when
@@ -228,11 +241,18 @@ impl ZoneAnswerer {
         let owner = Name::from(qname);
         let earliest = earliest(&members);
         let ttl = Lease::ttl_at(earliest, now, self.dns_ttl);
-        let (answers, additionals) =
-            match service_records(self.registry.zone(), &members, &owner, qtype, protocol.is_some(), ttl) {
-                Answer::Records { answers, additionals } => (answers, additionals),
-                _ => Default::default(),
-            };
+        let (answers, additionals) = match service_records(
+            self.registry.zone(),
+            &self.host_addresses,
+            &members,
+            &owner,
+            qtype,
+            protocol.is_some(),
+            ttl,
+        ) {
+            Answer::Records { answers, additionals } => (answers, additionals),
+            _ => Default::default(),
+        };
         Prepared::encode(
             Asked {
                 owner,
@@ -275,7 +295,15 @@ impl ZoneAnswerer {
             }
         };
         for qtype in [RecordType::A, RecordType::AAAA, RecordType::TXT] {
-            take(service_records(zone, &members, &owner, qtype, false, self.dns_ttl));
+            take(service_records(
+                zone,
+                &self.host_addresses,
+                &members,
+                &owner,
+                qtype,
+                false,
+                self.dns_ttl,
+            ));
         }
         let mut protocols: Vec<&str> = members.iter().map(|m| &*m.protocol).collect();
         protocols.sort_unstable();
@@ -289,7 +317,15 @@ impl ZoneAnswerer {
             };
             let srv_owner = srv_owner.to_lowercase();
             for qtype in [RecordType::SRV, RecordType::TXT] {
-                take(service_records(zone, &of, &srv_owner, qtype, true, self.dns_ttl));
+                take(service_records(
+                    zone,
+                    &self.host_addresses,
+                    &of,
+                    &srv_owner,
+                    qtype,
+                    true,
+                    self.dns_ttl,
+                ));
             }
         }
         records.sort_unstable();
@@ -324,6 +360,7 @@ fn earliest(members: &[Arc<Member>]) -> Nanos {
 /// `srv_name` tells `_<name>._<protocol>` from `<name>`.
 fn service_records(
     zone: &ZoneNames,
+    host_addresses: &HashMap<LowerName, Vec<Record>>,
     members: &[Arc<Member>],
     owner: &Name,
     qtype: RecordType,
@@ -335,11 +372,24 @@ fn service_records(
             // An IP target's address goes to the additional section, once per address, with
             // the TTL it has when asked directly: the name encodes it, so it never changes.
             let mut seen = HashSet::new();
+            let mut hosts = HashSet::new();
             let mut additionals = Vec::new();
             let srvs = members.iter().map(|m| {
                 let target = m.records.target_name(zone);
-                if let Some(ip) = m.records.ip().filter(|ip| seen.insert(*ip)) {
-                    additionals.push(Record::from_rdata(target.clone(), NS_TTL, address_rdata(ip)));
+                match m.records.ip() {
+                    Some(ip) => {
+                        if seen.insert(ip) {
+                            additionals.push(Record::from_rdata(target.clone(), NS_TTL, address_rdata(ip)));
+                        }
+                    }
+                    None => {
+                        let host = LowerName::new(&target);
+                        if let Some(records) = host_addresses.get(&host)
+                            && hosts.insert(host)
+                        {
+                            additionals.extend(records.iter().cloned());
+                        }
+                    }
                 }
                 m.records.srv(target)
             });

@@ -29,6 +29,19 @@ pub struct StaticZone {
 }
 
 impl StaticZones {
+    /// The A and AAAA records of every name in the static zones, by name.
+    pub fn host_addresses(&self) -> std::collections::HashMap<LowerName, Vec<Record>> {
+        let mut out: std::collections::HashMap<LowerName, Vec<Record>> = std::collections::HashMap::new();
+        for record in self.zones.iter().flat_map(|z| &z.records) {
+            if matches!(record.record_type(), RecordType::A | RecordType::AAAA) {
+                out.entry(LowerName::new(&record.name))
+                    .or_default()
+                    .push(record.clone());
+            }
+        }
+        out
+    }
+
     /// The zone whose apex is `name`, if any.
     pub fn zone(&self, name: &LowerName) -> Option<&StaticZone> {
         self.zones.iter().find(|z| z.origin == *name)

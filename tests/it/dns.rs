@@ -234,6 +234,42 @@ async fn srv_host_name_target_is_kept_without_glue() {
     }
 }
 
+/// An SRV target that is a host name in a zone we serve gets its A and AAAA in the
+/// additional section, as NSD and Knot add them; one outside every zone gets none.
+#[tokio::test]
+async fn srv_host_name_target_in_a_served_zone_gets_its_addresses() {
+    let server = common::start_with(|c| c.zones_dir = manifest_path("zones")).await;
+    server
+        .register(json!({"name": "web", "address": "WWW.koder.dev", "port": 443}))
+        .await;
+    server
+        .register(json!({"name": "web", "address": "elsewhere.example.net", "port": 443}))
+        .await;
+    for via in BOTH {
+        let reply = ask(&server, via, "_web._tcp.service.koder.", RecordType::SRV).await;
+        assert_positive(&reply, "SRV with an in-zone host");
+        assert_eq!(reply.answers.len(), 2, "{via:?}: {reply}");
+        let mut glue: Vec<(String, IpAddr)> = reply
+            .additionals
+            .iter()
+            .filter_map(|r| match &r.data {
+                RData::A(a) => Some((r.name.to_ascii().to_ascii_lowercase(), IpAddr::V4(a.0))),
+                RData::AAAA(a) => Some((r.name.to_ascii().to_ascii_lowercase(), IpAddr::V6(a.0))),
+                _ => None,
+            })
+            .collect();
+        glue.sort();
+        assert_eq!(
+            glue,
+            vec![
+                ("www.koder.dev.".to_owned(), "192.0.2.10".parse().unwrap()),
+                ("www.koder.dev.".to_owned(), "2001:db8::10".parse().unwrap()),
+            ],
+            "{via:?}: {reply}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn srv_by_protocol() {
     let server = common::start().await;

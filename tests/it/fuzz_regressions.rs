@@ -95,6 +95,7 @@ fn dns_request_regressions() {
         registry.register(spec.validate().unwrap()).unwrap();
     }
     let answerer = ZoneAnswerer {
+        host_addresses: Default::default(),
         registry,
         dns_ttl: 5,
         negative_ttl: 5,

@@ -93,6 +93,7 @@ fn world() -> World {
         .build()
         .unwrap();
     let answerer = ZoneAnswerer {
+        host_addresses: Default::default(),
         registry: registry.clone(),
         dns_ttl: 5,
         negative_ttl: 5,
