@@ -399,3 +399,46 @@ pub fn conformance(args: ConformanceArgs) -> std::process::ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod repeated_flags {
+    use super::merge_repeated;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        merge_repeated(list.iter().map(|s| s.into()))
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn repeated_tsig_keys_and_notify_targets_are_folded_into_one_list() {
+        assert_eq!(
+            args(&[
+                "koder-dns",
+                "serve",
+                "--tsig-key",
+                "a:hmac-sha256:AA==",
+                "--notify=127.0.0.1:53",
+                "--dns-ttl",
+                "5s",
+                "--tsig-key=b:hmac-sha256:BB==",
+                "--notify",
+                "127.0.0.1:54"
+            ]),
+            [
+                "koder-dns",
+                "serve",
+                "--dns-ttl",
+                "5s",
+                "--tsig-key=a:hmac-sha256:AA==,b:hmac-sha256:BB==",
+                "--notify=127.0.0.1:53,127.0.0.1:54",
+            ]
+        );
+        // A flag missing its value is left for clap to explain.
+        assert_eq!(
+            args(&["koder-dns", "serve", "--notify"]),
+            ["koder-dns", "serve", "--notify"]
+        );
+    }
+}
