@@ -172,3 +172,155 @@ async fn shutdown_answers_held_requests_at_once() {
     assert_eq!(status, 200);
     assert!(started.elapsed() < Duration::from_secs(2));
 }
+
+/// Raises this process's soft limit on open files to its hard limit (children inherit it);
+/// panics when even that is below `need`, saying what to raise.
+fn open_files_at_least(need: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed by reference.
+    #[allow(unsafe_code)]
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        limit.rlim_cur = limit.rlim_max;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+    }
+    assert!(
+        limit.rlim_cur >= need,
+        "this test holds {need} connections but `ulimit -Hn` is {}; raise it (e.g. ulimit -n 65536)",
+        limit.rlim_cur
+    );
+}
+
+/// CPU seconds (user + system) and resident bytes of a process, from /proc.
+fn cpu_and_rss(pid: u32) -> (f64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
+    // After the command's ')': state is field 3, utime 14 and stime 15 (1-based, proc(5)).
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    (ticks as f64 / 100.0, rss_kib * 1024)
+}
+
+/// 10,000 held blocking queries: the server spends no CPU on them while nothing changes,
+/// holds each in a few KiB, and answers every one soon after one change.
+#[tokio::test]
+async fn ten_thousand_held_requests_cost_no_cpu_while_idle_and_all_wake_on_a_change() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const HELD: usize = 10_000;
+    open_files_at_least(HELD as u64 + 1024);
+    let dir = tempfile::tempdir().unwrap();
+    let bound = (HELD + 100).to_string();
+    let proc = crate::child::launch_ok(
+        dir.path(),
+        &[
+            "--watch-max",
+            &bound,
+            "--http-max-connections",
+            &bound,
+            "--http-max-connections-per-client",
+            &bound,
+            // Opening 10,000 connections takes longer than the default 10 s for a request.
+            "--http-request-timeout",
+            "120s",
+        ],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let register = |body: Value| {
+        http.post(format!("{}/api/v1/services/register", proc.base()))
+            .header("X-API-Key", crate::child::KEY)
+            .json(&body)
+            .send()
+    };
+    assert_eq!(register(voice("first")).await.unwrap().status(), 200);
+    let index: u64 = http
+        .get(format!("{}/api/v1/services", proc.base()))
+        .header("X-API-Key", crate::child::KEY)
+        .send()
+        .await
+        .unwrap()
+        .headers()["x-koder-index"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let pid = proc.child.id();
+    let (_, rss_before) = cpu_and_rss(pid);
+    let request = format!(
+        "GET /api/v1/services?index={index}&wait=5m HTTP/1.1\r\nHost: koder\r\nX-API-Key: {}\r\n\r\n",
+        crate::child::KEY
+    );
+    // The connections first, idle, then a held request on each: what a held request costs
+    // beyond its connection (hyper's per-connection buffers are its own).
+    let mut held = Vec::with_capacity(HELD);
+    for _ in 0..HELD {
+        held.push(tokio::net::TcpStream::connect(proc.http).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, rss_connected) = cpu_and_rss(pid);
+    for stream in &mut held {
+        stream.write_all(request.as_bytes()).await.unwrap();
+    }
+    // Held once the server's gauge says so.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = http
+            .get(format!("{}/metrics", proc.base()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let gauge = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("koder_dns_watches_held "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if gauge as usize >= HELD {
+            break;
+        }
+        assert!(Instant::now() < deadline, "only {gauge} of {HELD} requests held");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (cpu_start, rss_held) = cpu_and_rss(pid);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (cpu_end, _) = cpu_and_rss(pid);
+    let per_connection = rss_connected.saturating_sub(rss_before) / HELD as u64;
+    let per_watch = rss_held.saturating_sub(rss_connected) / HELD as u64;
+    let idle_cpu = cpu_end - cpu_start;
+    eprintln!(
+        "{HELD} held: {per_connection} bytes of RSS per open connection, {per_watch} more per held \
+         request on it, {idle_cpu:.2} s of CPU in 2 s idle"
+    );
+    assert!(
+        idle_cpu <= 0.1,
+        "{idle_cpu} s of CPU in 2 s with {HELD} idle held requests"
+    );
+    assert!(per_watch <= 16 * 1024, "{per_watch} bytes of RSS per held request");
+
+    let changed = Instant::now();
+    assert_eq!(register(voice("second")).await.unwrap().status(), 200);
+    let mut answered = 0;
+    for stream in &mut held {
+        let mut head = [0u8; 12];
+        tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut head))
+            .await
+            .expect("every held request answered after the change")
+            .unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200");
+        answered += 1;
+    }
+    eprintln!(
+        "{answered} held requests answered within {:?} of the change",
+        changed.elapsed()
+    );
+}
