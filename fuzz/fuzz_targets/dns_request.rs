@@ -21,10 +21,8 @@ use hickory_server::server::Request;
 use koder_dns::dns::answer::ZoneAnswerer;
 use koder_dns::dns::records::ZoneNames;
 use koder_dns::dns::{Authority, MAX_UDP_PAYLOAD, handle_bytes, handle_full, handle_prepared};
-use koder_dns::health::CheckKind;
-use koder_dns::registry::clock::ManualClock;
+use koder_dns::registry::Registry;
 use koder_dns::registry::instance::Registration;
-use koder_dns::registry::{Registry, Settings};
 use libfuzzer_sys::fuzz_target;
 
 struct World {
@@ -45,38 +43,68 @@ fn reg(id: &str, name: &str, address: &str, port: i64) -> Registration {
 fn world() -> &'static World {
     static WORLD: OnceLock<World> = OnceLock::new();
     WORLD.get_or_init(|| {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
         let zone = ZoneNames::new("service.koder").unwrap();
-        let settings = Settings { default_ttl: 0, max_instances: 10_000, default_check: CheckKind::None, zone: zone.clone() };
         // A clock that never moves and leases that never end: every input sees the same zone.
-        let registry = Arc::new(Registry::new(settings, Arc::new(ManualClock::new(1_800_000_000_000_000_000))));
+        let registry = Arc::new(Registry::on_manual_clock(0, 10_000).0);
         let mut regs = vec![
             reg("voice-1", "voice", "10.0.0.1", 5060),
             reg("voice-2", "voice", "10.0.0.2", 5060),
             reg("voice-6", "voice", "2001:db8::6", 5060),
             reg("api-host", "api", "API.Internal.Example.", 443),
-            Registration { protocol: Some("udp".into()), ..reg("voice-udp", "voice", "10.0.0.3", 5061) },
-            Registration { healthy: Some(false), ..reg("sick", "sick", "10.0.0.9", 9) },
             Registration {
-                metadata: Some([("jet.domain".to_owned(), "voice.koder.dev".to_owned()), ("long".to_owned(), "x".repeat(600))].into()),
+                protocol: Some("udp".into()),
+                ..reg("voice-udp", "voice", "10.0.0.3", 5061)
+            },
+            Registration {
+                healthy: Some(false),
+                ..reg("sick", "sick", "10.0.0.9", 9)
+            },
+            Registration {
+                metadata: Some(
+                    [
+                        ("jet.domain".to_owned(), "voice.koder.dev".to_owned()),
+                        ("long".to_owned(), "x".repeat(600)),
+                    ]
+                    .into(),
+                ),
                 tags: Some(vec!["service=voice".into(), "container=voice-a".into()]),
                 ..reg("meta", "meta", "192.0.2.7", 8443)
             },
         ];
         // Big enough to truncate over UDP at any payload size.
         for i in 0..300 {
-            regs.push(reg(&format!("big-{i:03}"), "big", &format!("10.1.{}.{}", i / 250, i % 250 + 1), 8000 + i));
+            regs.push(reg(
+                &format!("big-{i:03}"),
+                "big",
+                &format!("10.1.{}.{}", i / 250, i % 250 + 1),
+                8000 + i,
+            ));
         }
         for r in regs {
-            registry.register(r.validate().expect("valid seed registration")).expect("room");
+            registry
+                .register(r.validate().expect("valid seed registration"))
+                .expect("room");
         }
         let zones_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../zones");
         let static_zones = {
             let _guard = runtime.enter();
             koder_dns::dns::zones::load(&zones_dir, &zone.origin).expect("zones/ loads")
         };
-        let answerer = ZoneAnswerer { host_addresses: std::sync::Arc::new(static_zones.host_addresses()), registry, dns_ttl: 5, negative_ttl: 5, ns_address: "127.0.0.1".parse().unwrap() };
-        World { runtime, authority: Authority::new(answerer, static_zones, koder_dns::dns::WireSettings::default()) }
+        let answerer = ZoneAnswerer {
+            host_addresses: std::sync::Arc::new(static_zones.host_addresses()),
+            registry,
+            dns_ttl: 5,
+            negative_ttl: 5,
+            ns_address: "127.0.0.1".parse().unwrap(),
+        };
+        World {
+            runtime,
+            authority: Authority::new(answerer, static_zones, koder_dns::dns::WireSettings::default()),
+        }
     })
 }
 
@@ -85,7 +113,10 @@ fn world() -> &'static World {
 fn udp_limit(data: &[u8]) -> usize {
     let src: SocketAddr = "127.0.0.1:5353".parse().unwrap();
     match Request::from_bytes(data.to_vec(), src, Protocol::Udp) {
-        Ok(request) => request.edns.as_ref().map_or(512, |e| e.max_payload().clamp(512, MAX_UDP_PAYLOAD)) as usize,
+        Ok(request) => request
+            .edns
+            .as_ref()
+            .map_or(512, |e| e.max_payload().clamp(512, MAX_UDP_PAYLOAD)) as usize,
         Err(_) => 512,
     }
 }
@@ -96,7 +127,11 @@ fn check(data: &[u8], reply: &Option<Vec<u8>>, protocol: Protocol) -> Option<Mes
     match protocol {
         Protocol::Udp => {
             let limit = udp_limit(data);
-            assert!(reply.len() <= limit, "UDP reply of {} bytes exceeds the payload {limit}\nreply: {reply:02x?}", reply.len());
+            assert!(
+                reply.len() <= limit,
+                "UDP reply of {} bytes exceeds the payload {limit}\nreply: {reply:02x?}",
+                reply.len()
+            );
         }
         _ => assert!(reply.len() <= u16::MAX as usize),
     }
@@ -104,7 +139,11 @@ fn check(data: &[u8], reply: &Option<Vec<u8>>, protocol: Protocol) -> Option<Mes
         .unwrap_or_else(|e| panic!("{protocol:?} reply does not decode: {e}\nreply: {reply:02x?}"));
     let id = u16::from_be_bytes([data[0], data[1]]);
     assert_eq!(message.metadata.id, id, "{protocol:?} reply id");
-    assert_eq!(message.metadata.message_type, MessageType::Response, "{protocol:?} reply is not a response");
+    assert_eq!(
+        message.metadata.message_type,
+        MessageType::Response,
+        "{protocol:?} reply is not a response"
+    );
     Some(message)
 }
 
@@ -121,8 +160,16 @@ fn same_as_full_path(world: &World, data: &[u8], src: SocketAddr, protocol: Prot
         return;
     }
     let mut full = Vec::new();
-    assert!(world.runtime.block_on(handle_full(&world.authority, data, src, protocol, &mut full)), "only the fast path answered");
-    let (f, s) = (Message::from_vec(&fast).expect("fast reply decodes"), Message::from_vec(&full).expect("full reply decodes"));
+    assert!(
+        world
+            .runtime
+            .block_on(handle_full(&world.authority, data, src, protocol, &mut full)),
+        "only the fast path answered"
+    );
+    let (f, s) = (
+        Message::from_vec(&fast).expect("fast reply decodes"),
+        Message::from_vec(&full).expect("full reply decodes"),
+    );
     if f.metadata.truncation {
         // Cut to fit a UDP buffer (as in tests/prepared.rs): both paths keep answers that
         // fit, with TC set; the fast path compresses owners into the question, so it may
@@ -132,13 +179,31 @@ fn same_as_full_path(world: &World, data: &[u8], src: SocketAddr, protocol: Prot
             Protocol::Udp => udp_limit(data),
             _ => u16::MAX as usize,
         };
-        assert!(fast.len() <= limit, "{protocol:?}: fast reply of {} bytes over {limit}", fast.len());
-        assert!(f.answers.len() >= s.answers.len(), "{protocol:?}: {} answers, full path {}", f.answers.len(), s.answers.len());
-        assert!(f.additionals.is_empty(), "{protocol:?}: additional records without all their answers");
+        assert!(
+            fast.len() <= limit,
+            "{protocol:?}: fast reply of {} bytes over {limit}",
+            fast.len()
+        );
+        assert!(
+            f.answers.len() >= s.answers.len(),
+            "{protocol:?}: {} answers, full path {}",
+            f.answers.len(),
+            s.answers.len()
+        );
+        assert!(
+            f.additionals.is_empty(),
+            "{protocol:?}: additional records without all their answers"
+        );
         let mut tcp = Vec::new();
-        assert!(handle_prepared(&world.authority, data, Protocol::Tcp, &mut tcp), "{protocol:?}: a cut fast answer without a whole one");
+        assert!(
+            handle_prepared(&world.authority, data, Protocol::Tcp, &mut tcp),
+            "{protocol:?}: a cut fast answer without a whole one"
+        );
         let whole = sorted(&Message::from_vec(&tcp).expect("fast TCP reply decodes").answers);
-        assert!(sorted(&f.answers).iter().all(|a| whole.contains(a)), "{protocol:?}: an answer that TCP does not give");
+        assert!(
+            sorted(&f.answers).iter().all(|a| whole.contains(a)),
+            "{protocol:?}: an answer that TCP does not give"
+        );
         let (mut header, mut full_header) = (f.metadata, s.metadata);
         header.truncation = false;
         full_header.truncation = false;
@@ -151,7 +216,11 @@ fn same_as_full_path(world: &World, data: &[u8], src: SocketAddr, protocol: Prot
     assert_eq!(f.queries, s.queries, "{protocol:?} question");
     assert_eq!(sorted(&f.answers), sorted(&s.answers), "{protocol:?} answers");
     assert_eq!(sorted(&f.authorities), sorted(&s.authorities), "{protocol:?} authority");
-    assert_eq!(sorted(&f.additionals), sorted(&s.additionals), "{protocol:?} additional");
+    assert_eq!(
+        sorted(&f.additionals),
+        sorted(&s.additionals),
+        "{protocol:?} additional"
+    );
     assert_eq!(f.edns.is_some(), s.edns.is_some(), "{protocol:?} OPT");
 }
 
@@ -160,17 +229,28 @@ fuzz_target!(|data: &[u8]| {
     let src: SocketAddr = "127.0.0.1:40000".parse().unwrap();
     let (udp, tcp) = world.runtime.block_on(async {
         let (mut udp, mut tcp) = (Vec::new(), Vec::new());
-        let udp = handle_bytes(&world.authority, data, src, Protocol::Udp, &mut udp).await.then_some(udp);
-        let tcp = handle_bytes(&world.authority, data, src, Protocol::Tcp, &mut tcp).await.then_some(tcp);
+        let udp = handle_bytes(&world.authority, data, src, Protocol::Udp, &mut udp)
+            .await
+            .then_some(udp);
+        let tcp = handle_bytes(&world.authority, data, src, Protocol::Tcp, &mut tcp)
+            .await
+            .then_some(tcp);
         (udp, tcp)
     });
     assert_eq!(udp.is_some(), tcp.is_some(), "UDP and TCP disagree on whether to reply");
     let udp = check(data, &udp, Protocol::Udp);
     let tcp = check(data, &tcp, Protocol::Tcp);
     if let (Some(udp), Some(tcp)) = (udp, tcp) {
-        assert_eq!(udp.metadata.response_code, tcp.metadata.response_code, "UDP and TCP response codes");
+        assert_eq!(
+            udp.metadata.response_code, tcp.metadata.response_code,
+            "UDP and TCP response codes"
+        );
         if !udp.metadata.truncation {
-            assert_eq!(udp.answers.len(), tcp.answers.len(), "a UDP reply without TC dropped answers");
+            assert_eq!(
+                udp.answers.len(),
+                tcp.answers.len(),
+                "a UDP reply without TC dropped answers"
+            );
         }
     }
     same_as_full_path(world, data, src, Protocol::Udp);

@@ -17,24 +17,15 @@ use hickory_proto::rr::{LowerName, Name, RecordType};
 use koder_dns::api::body::parse;
 use koder_dns::api::services::IdBody;
 use koder_dns::dns::answer::{Answer, ZoneAnswerer};
-use koder_dns::dns::records::ZoneNames;
 use koder_dns::export::{PortsFile, drift, routes};
-use koder_dns::health::CheckKind;
-use koder_dns::registry::clock::{ManualClock, SECOND};
+use koder_dns::registry::clock::SECOND;
 use koder_dns::registry::instance::{Instance, Registration};
-use koder_dns::registry::{Filter, Registry, Settings};
+use koder_dns::registry::{Filter, Registry};
 use libfuzzer_sys::fuzz_target;
 
-const START: i64 = 1_800_000_000_000_000_000;
 
 fn registry() -> Arc<Registry> {
-    let settings = Settings {
-        default_ttl: 90 * SECOND,
-        max_instances: 16,
-        default_check: CheckKind::None,
-        zone: ZoneNames::new("service.koder").unwrap(),
-    };
-    Arc::new(Registry::new(settings, Arc::new(ManualClock::new(START))))
+    Arc::new(Registry::on_manual_clock(90 * SECOND, 16).0)
 }
 
 /// Encodes an answer the way a response would carry it; records must always encode.
@@ -76,15 +67,33 @@ fuzz_target!(|data: &[u8]| {
     let registered = registry.register(spec.clone()).expect("an empty registry has room");
     assert!(registered.created);
     let instance = registered.instance.clone();
-    assert_eq!((&instance.id, &instance.name, &instance.address), (&spec.id, &spec.name, &spec.address));
-    assert_eq!((instance.port, &instance.protocol, instance.healthy), (spec.port, &spec.protocol, spec.healthy));
+    assert_eq!(
+        (&instance.id, &instance.name, &instance.address),
+        (&spec.id, &spec.name, &spec.address)
+    );
+    assert_eq!(
+        (instance.port, &instance.protocol, instance.healthy),
+        (spec.port, &spec.protocol, spec.healthy)
+    );
 
     // Listed, everywhere it should be.
     let all = registry.list(&Filter::default());
-    assert_eq!(all, vec![instance.clone()], "the registered instance is the only one listed");
-    let by_name = registry.list(&Filter { name: Some(spec.name.to_string()), healthy_only: false, confirmed_only: false });
+    assert_eq!(
+        all,
+        vec![instance.clone()],
+        "the registered instance is the only one listed"
+    );
+    let by_name = registry.list(&Filter {
+        name: Some(spec.name.to_string()),
+        healthy_only: false,
+        confirmed_only: false,
+    });
     assert_eq!(by_name, all);
-    let healthy = registry.list(&Filter { name: None, healthy_only: true, confirmed_only: false });
+    let healthy = registry.list(&Filter {
+        name: None,
+        healthy_only: true,
+        confirmed_only: false,
+    });
     assert_eq!(healthy.len(), spec.healthy as usize);
     assert_eq!(registry.get(&spec.id), Some(instance.clone()));
     assert_eq!(registry.service_names(&Filter::default()), vec![spec.name.clone()]);
@@ -122,13 +131,20 @@ fuzz_target!(|data: &[u8]| {
         ns_address: "127.0.0.1".parse().unwrap(),
     };
     let plain = Name::from_str(&format!("{}.service.koder.", spec.name)).expect("a label makes a name");
-    let mut queries = vec![(plain.clone(), RecordType::TXT), (plain.clone(), RecordType::A), (plain, RecordType::AAAA)];
+    let mut queries = vec![
+        (plain.clone(), RecordType::TXT),
+        (plain.clone(), RecordType::A),
+        (plain, RecordType::AAAA),
+    ];
     match Name::from_str(&format!("_{}._{}.service.koder.", spec.name, spec.protocol)) {
         Ok(srv) => queries.extend([(srv.clone(), RecordType::SRV), (srv, RecordType::TXT)]),
         // KNOWN (fuzz/README.md, regressions/rest_register/srv-name-63.json): validation
         // accepts 63-byte service names and protocols, but `_` + 63 bytes is one byte over
         // the DNS label limit, so such an instance can never be asked for by SRV.
-        Err(e) => assert!(spec.name.len() == 63 || spec.protocol.len() == 63, "SRV owner name for {spec:?}: {e}"),
+        Err(e) => assert!(
+            spec.name.len() == 63 || spec.protocol.len() == 63,
+            "SRV owner name for {spec:?}: {e}"
+        ),
     }
     for (name, qtype) in &queries {
         let (name, qtype) = (name, *qtype);

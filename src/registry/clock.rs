@@ -30,6 +30,10 @@ impl Clock for SystemClock {
 /// A clock that moves only when told to; for tests.
 pub struct ManualClock(AtomicI64);
 
+/// Where a [`ManualClock`] of the tests starts: 2027-01-15, far from the epoch so that
+/// "long ago" is still a positive time.
+pub const MANUAL_START: Nanos = 1_800_000_000_000_000_000;
+
 impl ManualClock {
     pub fn new(start: Nanos) -> Self {
         Self(AtomicI64::new(start))

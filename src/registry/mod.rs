@@ -193,6 +193,20 @@ impl Registry {
         }
     }
 
+    /// The registry of tests, benchmarks and fuzz targets: the zone `service.koder.`, no
+    /// default check, on a [`clock::ManualClock`] at [`clock::MANUAL_START`] that only the
+    /// caller moves. One constructor, so that a new setting is added in one place.
+    pub fn on_manual_clock(default_ttl: Nanos, max_instances: usize) -> (Self, Arc<clock::ManualClock>) {
+        let clock = Arc::new(clock::ManualClock::new(clock::MANUAL_START));
+        let settings = Settings {
+            default_ttl,
+            max_instances,
+            default_check: CheckKind::None,
+            zone: ZoneNames::new("service.koder").expect("a valid zone"),
+        };
+        (Self::new(settings, clock.clone()), clock)
+    }
+
     /// Records that the registry could not see heartbeats over `(from, to]`: the downtime
     /// before a start (from the time durable storage was last written), or a stall.
     pub fn blind_between(&self, from: Nanos, to: Nanos) {

@@ -12,14 +12,7 @@ pub(crate) fn registry(default_ttl: std::time::Duration) -> (Registry, Arc<Manua
 }
 
 fn registry_max(default_ttl: Duration, max_instances: usize) -> (Registry, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new(1_800_000_000_000_000_000));
-    let settings = Settings {
-        default_ttl: default_ttl.as_nanos() as i64,
-        max_instances,
-        default_check: CheckKind::None,
-        zone: ZoneNames::new("service.koder").unwrap(),
-    };
-    (Registry::new(settings, clock.clone()), clock)
+    Registry::on_manual_clock(default_ttl.as_nanos() as i64, max_instances)
 }
 
 const SEC: Duration = Duration::from_secs(1);

@@ -48,7 +48,7 @@ pub async fn start_with(tweak: impl FnOnce(&mut Config)) -> TestServer {
 
 /// The server on a clock the test moves. Returns the clock too.
 pub async fn start_manual(tweak: impl FnOnce(&mut Config)) -> (TestServer, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new(1_800_000_000_000_000_000));
+    let clock = Arc::new(ManualClock::new(koder_dns::registry::clock::MANUAL_START));
     (start_with_clock(tweak, clock.clone()).await, clock)
 }
 

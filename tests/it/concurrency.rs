@@ -409,21 +409,12 @@ async fn heartbeats_racing_the_reaper_never_resurrect() {
 /// time through 50 ns leases: "once dead, dead until registered again", at the exact boundary.
 #[test]
 fn heartbeat_reap_race_at_the_exact_boundary() {
-    use koder_dns::dns::records::ZoneNames;
-    use koder_dns::health::CheckKind;
-    use koder_dns::registry::clock::ManualClock;
+    use koder_dns::registry::Registry;
     use koder_dns::registry::instance::Registration;
-    use koder_dns::registry::{Registry, Settings};
 
     const IDS: usize = 4;
-    let clock = Arc::new(ManualClock::new(1_800_000_000_000_000_000));
-    let settings = Settings {
-        default_ttl: 50,
-        max_instances: 100,
-        default_check: CheckKind::None,
-        zone: ZoneNames::new("service.koder").unwrap(),
-    };
-    let registry = Arc::new(Registry::new(settings, clock.clone()));
+    let (registry, clock) = Registry::on_manual_clock(50, 100);
+    let registry = Arc::new(registry);
     for i in 0..IDS {
         let spec = Registration {
             id: Some(format!("r-{i}")),

@@ -1547,7 +1547,12 @@ async fn start_error(zones_dir: PathBuf) -> String {
     let dir = tempfile::tempdir().unwrap();
     let mut config = common::test_config(dir.path());
     config.zones_dir = zones_dir;
-    match koder_dns::server::start_with_clock(config, Arc::new(ManualClock::new(1_800_000_000_000_000_000))).await {
+    match koder_dns::server::start_with_clock(
+        config,
+        Arc::new(ManualClock::new(koder_dns::registry::clock::MANUAL_START)),
+    )
+    .await
+    {
         Ok(_) => panic!("a broken zone file must stop the start"),
         Err(e) => format!("{e:#}"),
     }

@@ -3,11 +3,8 @@
 
 use std::sync::Arc;
 
-use koder_dns::dns::records::ZoneNames;
-use koder_dns::health::CheckKind;
-use koder_dns::registry::clock::ManualClock;
 use koder_dns::registry::instance::Registration;
-use koder_dns::registry::{Filter, Registry, Settings};
+use koder_dns::registry::{Filter, Registry};
 
 fn inputs(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -38,13 +35,7 @@ fn rest_register_regressions() {
         "fuzz/regressions/rest_register holds the seeds that found bugs"
     );
     for (file, bytes) in cases {
-        let settings = Settings {
-            default_ttl: 90_000_000_000,
-            max_instances: 100,
-            default_check: CheckKind::None,
-            zone: ZoneNames::new("service.koder").unwrap(),
-        };
-        let registry = Registry::new(settings, Arc::new(ManualClock::new(1_800_000_000_000_000_000)));
+        let (registry, _) = Registry::on_manual_clock(90_000_000_000, 100);
         let Ok(body) = koder_dns::api::body::parse::<Registration>(&bytes) else {
             continue;
         };
@@ -74,16 +65,7 @@ fn dns_request_regressions() {
         !cases.is_empty(),
         "fuzz/regressions/dns_request holds the inputs that found bugs"
     );
-    let settings = Settings {
-        default_ttl: 0,
-        max_instances: 100,
-        default_check: CheckKind::None,
-        zone: ZoneNames::new("service.koder").unwrap(),
-    };
-    let registry = Arc::new(Registry::new(
-        settings,
-        Arc::new(ManualClock::new(1_800_000_000_000_000_000)),
-    ));
+    let registry = Arc::new(Registry::on_manual_clock(0, 100).0);
     for (id, address) in [("voice-1", "10.0.0.1"), ("voice-6", "2001:db8::6")] {
         let spec = Registration {
             id: Some(id.into()),

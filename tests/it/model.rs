@@ -8,18 +8,16 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use koder_dns::dns::records::ZoneNames;
-use koder_dns::health::CheckKind;
 use koder_dns::registry::clock::ManualClock;
 use koder_dns::registry::instance::{Instance, Registration};
-use koder_dns::registry::{Filter, Registry, Settings};
+use koder_dns::registry::{Filter, Registry};
 
 /// The registry default lease in the runs that have one.
 const TTL: i64 = 1_000;
 const IDS: [&str; 4] = ["a", "b", "c", "d"];
 const NAMES: [&str; 2] = ["alpha", "beta"];
 const PORTS: [u16; 2] = [80, 81];
-const START: i64 = 1_800_000_000_000_000_000;
+const START: i64 = koder_dns::registry::clock::MANUAL_START;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -106,14 +104,7 @@ impl Model {
 }
 
 fn registry(default_ttl: i64) -> (Registry, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new(START));
-    let settings = Settings {
-        default_ttl,
-        max_instances: 1000,
-        default_check: CheckKind::None,
-        zone: ZoneNames::new("service.koder").unwrap(),
-    };
-    (Registry::new(settings, clock.clone()), clock)
+    Registry::on_manual_clock(default_ttl, 1000)
 }
 
 fn same(id: &str, m: &MInstance, i: &Instance) -> bool {

@@ -10,12 +10,10 @@ use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::{Name, Record, RecordType};
 use hickory_server::net::xfer::Protocol;
 use koder_dns::dns::answer::ZoneAnswerer;
-use koder_dns::dns::records::ZoneNames;
 use koder_dns::dns::{Authority, DEFAULT_UDP_MAX_PAYLOAD, WireSettings, handle_full, handle_prepared};
-use koder_dns::health::CheckKind;
+use koder_dns::registry::Registry;
 use koder_dns::registry::clock::ManualClock;
 use koder_dns::registry::instance::Registration;
-use koder_dns::registry::{Registry, Settings};
 
 const SRC: &str = "127.0.0.1:40000";
 
@@ -37,14 +35,8 @@ fn reg(id: &str, name: &str, address: &str, port: i64) -> Registration {
 }
 
 fn world() -> World {
-    let clock = Arc::new(ManualClock::new(1_800_000_000_000_000_000));
-    let settings = Settings {
-        default_ttl: 90_000_000_000,
-        max_instances: 10_000,
-        default_check: CheckKind::None,
-        zone: ZoneNames::new("service.koder").unwrap(),
-    };
-    let registry = Arc::new(Registry::new(settings, clock.clone()));
+    let (registry, clock) = Registry::on_manual_clock(90_000_000_000, 10_000);
+    let registry = Arc::new(registry);
     let mut regs = vec![
         reg("voice-1", "voice", "10.0.0.1", 5060),
         reg("voice-2", "voice", "10.0.0.2", 5060),
