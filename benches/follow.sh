@@ -156,7 +156,7 @@ server:
     listen: $BENCH_HOST@$port
 log:
   - target: "$dir/log"
-    any: warning
+    any: ${KNOT_LOG_LEVEL:-warning}
 database:
     storage: "$dir"
 control:

@@ -78,18 +78,6 @@ pub enum Since {
     Whole(Version),
 }
 
-/// Approximate wire size of a record (uncompressed name, fixed fields, data).
-fn record_bytes(record: &Record) -> usize {
-    record.name.len() + 10 + rdata_bytes(record)
-}
-
-fn rdata_bytes(record: &Record) -> usize {
-    use hickory_proto::serialize::binary::{BinEncodable, BinEncoder};
-    let mut bytes = Vec::new();
-    let _ = record.data.emit(&mut BinEncoder::new(&mut bytes));
-    bytes.len()
-}
-
 /// `old` and `new` are sorted and free of duplicates: what leaves and what arrives.
 fn diff(old: &[Record], new: &[Record], deleted: &mut Vec<Record>, added: &mut Vec<Record>) {
     let (mut i, mut j) = (0, 0);
@@ -220,7 +208,7 @@ impl Journal {
             }
         }
         if let Some(from) = state.revision {
-            let bytes = deleted.iter().chain(&added).map(record_bytes).sum();
+            let bytes = deleted.iter().chain(&added).map(super::record_upper).sum();
             state.deltas.push_back(Arc::new(Delta {
                 from: from as u32,
                 to: serial,

@@ -145,6 +145,22 @@ fn rdata_upper(rdata: &RData) -> usize {
     }
 }
 
+/// An upper bound on `record`'s encoded size (uncompressed): by hand for the types we
+/// build, by a trial encoding for the rest (a static zone's MX, CNAME, ...).
+pub(crate) fn record_upper(record: &Record) -> usize {
+    let rdata = match rdata_upper(&record.data) {
+        n if n < u16::MAX as usize => n,
+        _ => {
+            let mut bytes = Vec::new();
+            let mut encoder = BinEncoder::new(&mut bytes);
+            encoder.set_name_encoding(hickory_proto::serialize::binary::NameEncoding::Uncompressed);
+            let _ = record.data.emit(&mut encoder);
+            bytes.len()
+        }
+    };
+    record.name.len() + 11 + rdata
+}
+
 /// How many of `answers` and `additionals` fit in `limit` bytes, by encoding them the way the
 /// response will be encoded (same order, same name compression). Cheap upper bounds skip the
 /// trial for the common small answer.

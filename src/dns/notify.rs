@@ -84,7 +84,19 @@ async fn notify_one(
         let mut tries = 0u32;
         loop {
             tries += 1;
-            match send(&authority, &socket, target, wait).await {
+            let started = tokio::time::Instant::now();
+            // Waiting `wait` for the answer is the back-off; a newer serial replaces this
+            // one, and shutdown ends the retries.
+            let outcome = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                outcome = send(&authority, &socket, target, wait) => outcome,
+                changed = serials.changed() => {
+                    if changed.is_err() { return }
+                    serials.mark_changed();
+                    break;
+                }
+            };
+            match outcome {
                 Ok(()) => {
                     debug!(%target, serial, tries, "NOTIFY answered");
                     break;
@@ -93,16 +105,11 @@ async fn notify_one(
                     if tries == 3 {
                         info!(%target, serial, %reason, "NOTIFY not answered yet; retrying with back-off");
                     }
-                }
-            }
-            // A newer serial replaces this one; shutdown ends the retries.
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
-                changed = serials.changed() => {
-                    if changed.is_err() { return }
-                    serials.mark_changed();
-                    break;
+                    // An error back at once (an ICMP refusal, a REFUSED): wait out the rest.
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep_until(started + wait) => {}
+                    }
                 }
             }
             wait = (wait * 2).min(MAX_BACKOFF);

@@ -20,10 +20,11 @@ use super::Authority;
 use super::journal::{self, Since};
 use super::tsig::{self, Signing, Verdict};
 
-/// Where a transfer's messages are cut: big enough that a 100k-instance zone takes a few
-/// hundred messages, small enough that a secondary's buffer never grows for us (NSD and
-/// Knot read up to 64 KiB). A message ends at the first record past this size.
-const MESSAGE_TARGET: usize = 16 * 1024;
+/// Where a transfer's messages are cut: a message ends at the first record past this size,
+/// so it stays under the 64 KiB a TCP message can hold (a record of ours is at most a few
+/// KiB; a TXT of 255-byte strings for the 4 KiB of metadata an instance may carry).
+/// Large messages, as NSD and Knot send: the secondary's cost is per message too.
+const MESSAGE_TARGET: usize = 56 * 1024;
 
 /// Who may transfer, and the journal IXFR answers from.
 #[derive(Clone, Debug)]
@@ -242,6 +243,13 @@ impl<'a> Out<'a> {
             };
             let mut ok = header.emit(&mut encoder).is_ok() && (!first || self.query.emit(&mut encoder).is_ok());
             while ok && encoder.len() < MESSAGE_TARGET && count < u16::MAX {
+                // Compression only shrinks a record: the bound keeps the message within 64 KiB.
+                let fits = records
+                    .peek()
+                    .is_some_and(|r| encoder.len() + super::record_upper(r) <= u16::MAX as usize);
+                if !fits && count > 0 {
+                    break;
+                }
                 let Some(record) = records.next() else { break };
                 ok = record.emit(&mut encoder).is_ok();
                 count += 1;

@@ -154,7 +154,7 @@ async fn axfr_sends_a_large_zone_in_many_messages_with_what_queries_answer() {
         .register(json!({"name": "web", "address": "10.0.0.1", "port": 80, "metadata": {"team": "edge"}}))
         .await;
     let messages = transfer(server.dns(), &transfer_request(RecordType::AXFR, None)).await;
-    assert!(messages.len() > 5, "{} messages", messages.len());
+    assert!(messages.len() >= 3, "{} messages", messages.len());
     for (i, m) in messages.iter().enumerate() {
         assert!(m.metadata.authoritative, "message {i} without AA");
         assert_eq!(
