@@ -12,11 +12,11 @@ use hickory_proto::rr::{LowerName, Name, RecordType};
 use hickory_server::net::xfer::Protocol;
 use koder_dns::dns::Authority;
 use koder_dns::dns::answer::ZoneAnswerer;
-use koder_dns::dns::records::ZoneNames;
-use koder_dns::health::CheckKind;
-use koder_dns::registry::clock::SystemClock;
-use koder_dns::registry::instance::Registration;
+use koder_dns::model::check::CheckKind;
+use koder_dns::model::clock::SystemClock;
+use koder_dns::model::instance::Registration;
 use koder_dns::registry::{Registry, Settings};
+use koder_dns::zone::records::ZoneNames;
 
 fn register(registry: &Registry, service: &str, n: usize) {
     for i in 0..n {

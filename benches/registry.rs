@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use koder_dns::dns::records::ZoneNames;
-use koder_dns::health::CheckKind;
-use koder_dns::registry::clock::SystemClock;
-use koder_dns::registry::instance::{Registration, Spec};
+use koder_dns::model::check::CheckKind;
+use koder_dns::model::clock::SystemClock;
+use koder_dns::model::instance::{Registration, Spec};
 use koder_dns::registry::{Registry, Settings};
+use koder_dns::zone::records::ZoneNames;
 
 pub fn spec(service: usize, instance: usize) -> Spec {
     Registration {

@@ -91,7 +91,7 @@ pub struct AgentArgs {
     #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = key_value)]
     pub meta: Vec<(String, String)>,
     /// The lease; heartbeats go at a third of it.
-    #[arg(long, default_value = "30s", value_parser = crate::config::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::model::parse_duration)]
     pub ttl: Duration,
 }
 

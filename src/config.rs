@@ -9,16 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
-use crate::health::CheckKind;
-
-/// Parses `90s`, `500ms`, `2m`, `1h30m` or `0`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 90s, 500ms or 2m ({e})"))
-}
+use crate::model::check::CheckKind;
+use crate::model::parse_duration;
 
 /// A setting's text, from a flag, the environment or the file, parsed by the type's `FromStr`.
 fn parsed<T: FromStr>(s: &str) -> Result<T, String>
@@ -315,7 +307,7 @@ pub fn split_keys(s: &str) -> Vec<String> {
 impl Config {
     /// Refuses settings that would make the server misbehave, naming the setting.
     pub fn validate(&self) -> anyhow::Result<()> {
-        crate::dns::records::ZoneNames::new(&self.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
+        crate::zone::records::ZoneNames::new(&self.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
         if self.reaper_interval.is_zero() {
             bail!("--reaper-interval must be positive (e.g. 30s)");
         }

@@ -17,5 +17,7 @@ pub mod export;
 pub mod health;
 pub mod listener;
 pub mod metrics;
+pub mod model;
 pub mod registry;
 pub mod server;
+pub mod zone;

@@ -22,11 +22,9 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry as Prometheus;
-
-use crate::registry::Registry;
 
 type Labels2 = [(&'static str, &'static str); 2];
 type Labels1 = [(&'static str, &'static str); 1];
@@ -249,13 +247,15 @@ fn question_type(message: &[u8]) -> Option<u16> {
 /// The media type of [`Exposition::render`].
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// What one server exposes: the process-wide counters and its own registry's state.
+/// What one server exposes: the process-wide counters, and what `state` reads at scrape
+/// time (the server plugs in its registry's: this module knows no registry, so that the
+/// registry can count into it).
 pub struct Exposition {
     prometheus: Prometheus,
 }
 
 impl Exposition {
-    pub fn new(registry: Arc<Registry>) -> Self {
+    pub fn new(state: Box<dyn Collector>) -> Self {
         let m = get();
         let mut p = Prometheus::with_prefix("koder_dns");
         p.register(
@@ -314,7 +314,7 @@ impl Exposition {
             m.watches_held.clone(),
         );
         p.register_collector(Box::new(DnsCollector));
-        p.register_collector(Box::new(RegistryCollector(registry)));
+        p.register_collector(state);
         Self { prometheus: p }
     }
 
@@ -375,41 +375,6 @@ impl Collector for DnsCollector {
         for (t, &n) in truncated.iter().enumerate() {
             ConstCounter::new(n).encode(family.encode_family(&[("transport", TRANSPORTS[t])])?)?;
         }
-        Ok(())
-    }
-}
-
-/// Reads the registry at scrape time.
-struct RegistryCollector(Arc<Registry>);
-
-impl std::fmt::Debug for RegistryCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RegistryCollector")
-    }
-}
-
-impl Collector for RegistryCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let counts = self.0.instance_counts();
-        let mut family = encoder.encode_descriptor(
-            "instances",
-            "Live instances by service and health (healthy ones are in DNS answers)",
-            None,
-            MetricType::Gauge,
-        )?;
-        for (service, healthy, unhealthy) in &counts {
-            for (state, n) in [("healthy", healthy), ("unhealthy", unhealthy)] {
-                let labels = [("service", service.as_str()), ("health", state)];
-                ConstGauge::new(*n as i64).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        let family = encoder.encode_descriptor(
-            "soa_serial",
-            "The service zone's SOA serial: grows with every change readers can see",
-            None,
-            MetricType::Gauge,
-        )?;
-        ConstGauge::new(i64::from(self.0.serial())).encode(family)?;
         Ok(())
     }
 }

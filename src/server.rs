@@ -6,23 +6,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::api::{self, AppState, auth};
-use crate::cli::ServeArgs;
-use crate::config::{Config, LogFormat};
-use crate::dns::{
-    self, Authority,
-    answer::ZoneAnswerer,
-    records::{SoaTimers, ZoneNames},
-};
+use crate::config::{Config, LogFormat, ServeArgs};
+use crate::dns::{self, Authority, answer::ZoneAnswerer};
 use crate::health;
-use crate::registry::clock::{Clock, SystemClock};
+use crate::model::clock::{Clock, SystemClock};
 use crate::registry::disk::{self, Disk};
 use crate::registry::store::Store;
 use crate::registry::{self, Registry, Settings};
+use crate::zone::records::{SoaTimers, ZoneNames};
 
 /// Opens the database, restores the instances it holds and starts the disk writer.
 ///
@@ -178,7 +178,9 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         .await
         .with_context(|| format!("cannot listen for HTTP on {} (--http-listen)", config.http_listen))?;
     let http_addr = http.local_addr()?;
-    let metrics = Arc::new(crate::metrics::Exposition::new(registry.clone()));
+    let metrics = Arc::new(crate::metrics::Exposition::new(Box::new(RegistryCollector(
+        registry.clone(),
+    ))));
     if let Some(addr) = config.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -322,4 +324,40 @@ pub async fn wait_for_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// The registry's state for `/metrics`, read at scrape time: instances by service and
+/// health, and the SOA serial.
+struct RegistryCollector(Arc<Registry>);
+
+impl std::fmt::Debug for RegistryCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RegistryCollector")
+    }
+}
+
+impl Collector for RegistryCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counts = self.0.instance_counts();
+        let mut family = encoder.encode_descriptor(
+            "instances",
+            "Live instances by service and health (healthy ones are in DNS answers)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (service, healthy, unhealthy) in &counts {
+            for (state, n) in [("healthy", healthy), ("unhealthy", unhealthy)] {
+                let labels = [("service", service.as_str()), ("health", state)];
+                ConstGauge::new(*n as i64).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let family = encoder.encode_descriptor(
+            "soa_serial",
+            "The service zone's SOA serial: grows with every change readers can see",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::from(self.0.serial())).encode(family)?;
+        Ok(())
+    }
 }

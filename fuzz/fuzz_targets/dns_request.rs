@@ -19,10 +19,10 @@ use hickory_proto::rr::Record;
 use hickory_server::net::xfer::Protocol;
 use hickory_server::server::Request;
 use koder_dns::dns::answer::ZoneAnswerer;
-use koder_dns::dns::records::ZoneNames;
+use koder_dns::zone::records::ZoneNames;
 use koder_dns::dns::{Authority, MAX_UDP_PAYLOAD, handle_bytes, handle_full, handle_prepared};
 use koder_dns::registry::Registry;
-use koder_dns::registry::instance::Registration;
+use koder_dns::model::instance::Registration;
 use libfuzzer_sys::fuzz_target;
 
 struct World {

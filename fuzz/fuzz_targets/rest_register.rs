@@ -18,8 +18,8 @@ use koder_dns::api::body::parse;
 use koder_dns::api::services::IdBody;
 use koder_dns::dns::answer::{Answer, ZoneAnswerer};
 use koder_dns::export::{PortsFile, drift, routes};
-use koder_dns::registry::clock::SECOND;
-use koder_dns::registry::instance::{Instance, Registration};
+use koder_dns::model::clock::SECOND;
+use koder_dns::model::instance::{Instance, Registration};
 use koder_dns::registry::{Filter, Registry};
 use libfuzzer_sys::fuzz_target;
 

@@ -48,8 +48,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<crate::registry::instance::FieldError> for ApiError {
-    fn from(e: crate::registry::instance::FieldError) -> Self {
+impl From<crate::model::instance::FieldError> for ApiError {
+    fn from(e: crate::model::instance::FieldError) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_field", e.to_string())
     }
 }

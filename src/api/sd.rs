@@ -12,8 +12,8 @@ use super::AppState;
 use super::auth::Authorized;
 use super::error::{ApiError, ErrorBody};
 use super::services::flag;
+use crate::model::instance::Instance;
 use crate::registry::Filter;
-use crate::registry::instance::Instance;
 
 /// Which instances are targets.
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]

@@ -13,8 +13,8 @@ use super::body::JsonBody;
 use super::error::{ApiError, ErrorBody};
 use super::watch::{WatchParams, index_header};
 use crate::metrics;
+use crate::model::instance::{Instance, Registration};
 use crate::registry::Filter;
-use crate::registry::instance::{Instance, Registration};
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RegisterResponse {
@@ -33,7 +33,7 @@ impl IdBody {
     fn id(self) -> Result<String, ApiError> {
         self.id
             .filter(|id| !id.is_empty())
-            .ok_or_else(|| ApiError::from(crate::registry::instance::FieldError::new("id", "is required")))
+            .ok_or_else(|| ApiError::from(crate::model::instance::FieldError::new("id", "is required")))
     }
 }
 

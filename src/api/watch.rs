@@ -16,7 +16,7 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use super::error::ApiError;
-use crate::config::parse_duration;
+use crate::model::parse_duration;
 use crate::registry::Registry;
 
 /// The response header carrying the revision an answer shows.

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use hickory_proto::rr::rdata::HINFO;
 use hickory_proto::rr::{LowerName, Name, RData, Record, RecordType};
 
-use super::prepared::{Asked, Prepared};
-use super::records::{ZoneNames, address_rdata, parse_addr_label};
+use crate::model::clock::Nanos;
 use crate::registry::Registry;
-use crate::registry::clock::Nanos;
 use crate::registry::lease::{Lease, NEVER};
 use crate::registry::view::{Member, ServiceView};
+use crate::zone::prepared::{Asked, Prepared};
+use crate::zone::records::{ZoneNames, address_rdata, parse_addr_label};
 
 /// The outcome of a lookup in the service zone.
 #[derive(Debug, PartialEq)]

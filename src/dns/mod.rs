@@ -6,8 +6,6 @@ pub mod answer;
 pub mod journal;
 mod message;
 pub mod notify;
-pub mod prepared;
-pub mod records;
 pub mod tcp;
 pub mod transfer;
 pub mod tsig;
@@ -33,8 +31,8 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 use hickory_server::zone_handler::MessageResponseBuilder;
 use tokio::net::TcpListener;
 
+use crate::zone::prepared::{Opt, SoaTail};
 use answer::{Answer, ZoneAnswerer};
-use prepared::{Opt, SoaTail};
 use zones::StaticZones;
 
 /// Largest UDP message we read, and the highest `--dns-udp-max-payload`.

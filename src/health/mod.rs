@@ -4,7 +4,6 @@
 //! most one probe in flight per instance and checks end when the instance goes. A shared
 //! semaphore bounds the probes in flight server-wide; jitter spreads them over time.
 
-mod check;
 mod probe;
 
 use std::collections::HashMap;
@@ -15,7 +14,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-pub use check::{CheckKind, CheckSpec};
+use crate::model::check::{CheckKind, CheckSpec};
 pub use probe::Target;
 
 use crate::registry::{Event, Registry};

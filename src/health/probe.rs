@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::CheckKind;
-use crate::registry::instance::{Address, Instance};
+use crate::model::instance::{Address, Instance};
 
 /// Where and how to probe; a change of any part restarts the instance's check.
 #[derive(Clone, Debug, PartialEq, Eq)]

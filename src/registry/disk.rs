@@ -19,9 +19,9 @@ use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, StorageErro
 use tokio::sync::{mpsc::UnboundedReceiver, oneshot};
 use tracing::{error, info, warn};
 
-use super::clock::Nanos;
-use super::instance::Instance;
 use super::{Event, Registry};
+use crate::model::clock::Nanos;
+use crate::model::instance::Instance;
 
 const INSTANCES: TableDefinition<&str, &[u8]> = TableDefinition::new("instances");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use parking_lot::Mutex;
 
-use super::clock::Nanos;
+use crate::model::clock::Nanos;
 
 /// Deadline of a lease that never ends (a default TTL of 0).
 pub const NEVER: Nanos = Nanos::MAX;
@@ -39,7 +39,7 @@ impl Lease {
     pub fn ttl_at(earliest: Nanos, now: Nanos, dns_ttl: u32) -> u32 {
         match earliest {
             NEVER => dns_ttl,
-            d => (d.saturating_sub(now).max(0) / super::clock::SECOND).min(dns_ttl as i64) as u32,
+            d => (d.saturating_sub(now).max(0) / crate::model::clock::SECOND).min(dns_ttl as i64) as u32,
         }
     }
 }

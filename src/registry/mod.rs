@@ -6,9 +6,7 @@
 //! no lock is held across an await, and DNS holds a view's map entry only to read it (see
 //! [`Registry::with_view`]), so none of them can block another for long.
 
-pub mod clock;
 pub mod disk;
-pub mod instance;
 pub mod lease;
 pub mod reaper;
 pub mod store;
@@ -26,10 +24,10 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc};
 use tracing::{info, warn};
 
-use crate::dns::records::{InstanceRecords, ZoneNames};
-use crate::health::{CheckKind, CheckSpec};
-use clock::{Clock, Nanos};
-use instance::{Instance, Spec};
+use crate::model::check::{CheckKind, CheckSpec};
+use crate::model::clock::{self, Clock, Nanos};
+use crate::model::instance::{Instance, Spec};
+use crate::zone::records::{InstanceRecords, ZoneNames};
 use lease::{Lease, LeaseIndex, NEVER};
 use view::{Member, ServiceView};
 

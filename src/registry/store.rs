@@ -12,8 +12,8 @@ use std::sync::Arc;
 use tokio::sync::Mutex;
 
 use super::disk::{Disk, Stored};
-use super::instance::{Instance, Spec};
 use super::{Registered, Registry, RegistryError};
+use crate::model::instance::{Instance, Spec};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::registry::clock::ManualClock;
-use crate::registry::instance::{FieldError, Metadata, Registration};
+use crate::model::clock::ManualClock;
+use crate::model::instance::{FieldError, Metadata, Registration};
 
 pub(crate) fn registry(default_ttl: std::time::Duration) -> (Registry, Arc<ManualClock>) {
     registry_max(default_ttl, 1000)
@@ -506,7 +506,7 @@ fn serial_grows_with_changes_but_not_with_a_no_op_re_register_or_heartbeat() {
 }
 
 /// DNS answers prepared from a view count on its leases ending no sooner than when they
-/// were prepared (`dns::prepared`): a lease that moves earlier comes with a new view, one
+/// were prepared (`zone::prepared`): a lease that moves earlier comes with a new view, one
 /// that moves later (a heartbeat) leaves the view alone.
 #[test]
 fn a_lease_moved_earlier_replaces_the_view_and_a_renewal_does_not() {

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use super::clock::Nanos;
 use super::lease::Lease;
-use crate::dns::prepared::PreparedAnswers;
-use crate::dns::records::InstanceRecords;
+use crate::model::clock::Nanos;
+use crate::zone::prepared::PreparedAnswers;
+use crate::zone::records::InstanceRecords;
 
 #[derive(Debug)]
 pub struct Member {
@@ -159,7 +159,7 @@ impl Members {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dns::records::Target;
+    use crate::zone::records::Target;
     use std::collections::BTreeSet;
 
     fn member(id: &str) -> Arc<Member> {

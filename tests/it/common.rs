@@ -9,7 +9,7 @@ use std::time::Duration;
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::{Name, RecordType};
 use koder_dns::config::Config;
-use koder_dns::registry::clock::{Clock, ManualClock, SystemClock};
+use koder_dns::model::clock::{Clock, ManualClock, SystemClock};
 use koder_dns::server::{self, Running};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -48,7 +48,7 @@ pub async fn start_with(tweak: impl FnOnce(&mut Config)) -> TestServer {
 
 /// The server on a clock the test moves. Returns the clock too.
 pub async fn start_manual(tweak: impl FnOnce(&mut Config)) -> (TestServer, Arc<ManualClock>) {
-    let clock = Arc::new(ManualClock::new(koder_dns::registry::clock::MANUAL_START));
+    let clock = Arc::new(ManualClock::new(koder_dns::model::clock::MANUAL_START));
     (start_with_clock(tweak, clock.clone()).await, clock)
 }
 

@@ -409,8 +409,8 @@ async fn heartbeats_racing_the_reaper_never_resurrect() {
 /// time through 50 ns leases: "once dead, dead until registered again", at the exact boundary.
 #[test]
 fn heartbeat_reap_race_at_the_exact_boundary() {
+    use koder_dns::model::instance::Registration;
     use koder_dns::registry::Registry;
-    use koder_dns::registry::instance::Registration;
 
     const IDS: usize = 4;
     let (registry, clock) = Registry::on_manual_clock(50, 100);

@@ -16,7 +16,7 @@ use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode}
 use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption, NSIDPayload};
 use hickory_proto::rr::rdata::{SOA, SRV};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
-use koder_dns::registry::clock::ManualClock;
+use koder_dns::model::clock::ManualClock;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -1549,7 +1549,7 @@ async fn start_error(zones_dir: PathBuf) -> String {
     config.zones_dir = zones_dir;
     match koder_dns::server::start_with_clock(
         config,
-        Arc::new(ManualClock::new(koder_dns::registry::clock::MANUAL_START)),
+        Arc::new(ManualClock::new(koder_dns::model::clock::MANUAL_START)),
     )
     .await
     {

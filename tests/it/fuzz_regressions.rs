@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use koder_dns::registry::instance::Registration;
+use koder_dns::model::instance::Registration;
 use koder_dns::registry::{Filter, Registry};
 
 fn inputs(target: &str) -> Vec<(String, Vec<u8>)> {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::common::TestServer;
 use hickory_proto::rr::{RData, RecordType};
 use koder_dns::config::Config;
-use koder_dns::health::CheckKind;
+use koder_dns::model::check::CheckKind;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;

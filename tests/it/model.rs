@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use koder_dns::registry::clock::ManualClock;
-use koder_dns::registry::instance::{Instance, Registration};
+use koder_dns::model::clock::ManualClock;
+use koder_dns::model::instance::{Instance, Registration};
 use koder_dns::registry::{Filter, Registry};
 
 /// The registry default lease in the runs that have one.
@@ -17,7 +17,7 @@ const TTL: i64 = 1_000;
 const IDS: [&str; 4] = ["a", "b", "c", "d"];
 const NAMES: [&str; 2] = ["alpha", "beta"];
 const PORTS: [u16; 2] = [80, 81];
-const START: i64 = koder_dns::registry::clock::MANUAL_START;
+const START: i64 = koder_dns::model::clock::MANUAL_START;
 
 #[derive(Debug, Clone)]
 enum Op {

@@ -11,9 +11,9 @@ use hickory_proto::rr::{Name, Record, RecordType};
 use hickory_server::net::xfer::Protocol;
 use koder_dns::dns::answer::ZoneAnswerer;
 use koder_dns::dns::{Authority, DEFAULT_UDP_MAX_PAYLOAD, WireSettings, handle_full, handle_prepared};
+use koder_dns::model::clock::ManualClock;
+use koder_dns::model::instance::Registration;
 use koder_dns::registry::Registry;
-use koder_dns::registry::clock::ManualClock;
-use koder_dns::registry::instance::Registration;
 
 const SRC: &str = "127.0.0.1:40000";
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::parse_duration;
-use crate::registry::instance::{FieldError, Metadata, label};
+use super::instance::{FieldError, Metadata, label};
+use super::parse_duration;
 
 pub const DEFAULT_PATH: &str = "/";
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);

@@ -8,7 +8,7 @@ use hickory_proto::rr::domain::Label;
 use hickory_proto::rr::rdata::{A, AAAA, NS, SOA, SRV, TXT};
 use hickory_proto::rr::{LowerName, Name, RData, Record};
 
-use crate::registry::instance::{Address, Instance, Metadata};
+use crate::model::instance::{Address, Instance, Metadata};
 
 /// The fixed names of the service zone.
 #[derive(Clone, Debug)]
@@ -148,7 +148,7 @@ pub enum Target {
 /// What DNS needs of one instance, built once per registration and kept as long as the
 /// instance, so kept small: names are derived when an answer is built (an IP target's from
 /// the address, the TXT strings from the metadata, which the instance shares) rather than
-/// stored. Answers are built once per view and type (see `dns::prepared`), so deriving them
+/// stored. Answers are built once per view and type (see `zone::prepared`), so deriving them
 /// costs nothing per query.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceRecords {

@@ -29,7 +29,7 @@ use hickory_proto::op::{Header, HeaderCounts, Metadata, Query, ResponseCode};
 use hickory_proto::rr::{Name, Record, RecordType};
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
 
-use crate::registry::clock::{Nanos, SECOND};
+use crate::model::clock::{Nanos, SECOND};
 
 /// The OPT record of a response to an EDNS request: what we accept over UDP
 /// (`--dns-udp-max-payload`), and the request's DO bit copied (RFC 3225 §3).

@@ -384,7 +384,7 @@ impl Registration {
                 ));
             }
         }
-        crate::health::CheckSpec::from_labels(&metadata, &tags)?;
+        super::check::CheckSpec::from_labels(&metadata, &tags)?;
 
         Ok(Spec {
             id: id.into(),
