@@ -180,3 +180,15 @@ pub fn instances(name: &str, n: usize) -> Vec<Value> {
         .map(|i| serde_json::json!({ "name": name, "address": format!("10.0.{}.{}", i / 250, i % 250 + 1), "port": 8000 }))
         .collect()
 }
+
+/// The character-strings of a TXT record, as text.
+pub fn txt_strings(record: &hickory_proto::rr::Record) -> Vec<String> {
+    match &record.data {
+        hickory_proto::rr::RData::TXT(txt) => txt
+            .txt_data
+            .iter()
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect(),
+        other => panic!("expected TXT, got {other:?}"),
+    }
+}

@@ -79,18 +79,7 @@ fn ips(records: &[Record]) -> Vec<IpAddr> {
 }
 
 fn txts(m: &Message) -> Vec<Vec<String>> {
-    let mut out: Vec<Vec<String>> = m
-        .answers
-        .iter()
-        .map(|r| match &r.data {
-            RData::TXT(txt) => txt
-                .txt_data
-                .iter()
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect(),
-            other => panic!("expected TXT, got {other:?}"),
-        })
-        .collect();
+    let mut out: Vec<Vec<String>> = m.answers.iter().map(common::txt_strings).collect();
     out.sort();
     out
 }

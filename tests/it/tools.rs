@@ -565,14 +565,11 @@ impl Drop for Nsd {
     }
 }
 
-async fn start_nsd(zone: &str, identity: &str) -> Nsd {
-    let nsd = tool("nsd", "nsd");
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let d = dir.path().display();
-    std::fs::write(dir.path().join("service.koder.zone"), zone).unwrap();
-    // minimal-responses: no NS in authority of positive answers, as koder-dns answers.
-    let conf = format!(
+/// The `server:` section of an NSD on `port` keeping everything in `dir`, as root, in the
+/// foreground, logging to `dir/<log>`.
+pub(crate) fn nsd_server(dir: &Path, port: u16, log: &str) -> String {
+    let d = dir.display();
+    format!(
         r#"server:
     ip-address: 127.0.0.1@{port}
     do-ip6: no
@@ -584,7 +581,19 @@ async fn start_nsd(zone: &str, identity: &str) -> Nsd {
     xfrdfile: "{d}/xfrd.state"
     xfrdir: "{d}"
     pidfile: "{d}/nsd.pid"
-    logfile: "{d}/nsd.log"
+    logfile: "{d}/{log}""#
+    )
+}
+
+async fn start_nsd(zone: &str, identity: &str) -> Nsd {
+    let nsd = tool("nsd", "nsd");
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    std::fs::write(dir.path().join("service.koder.zone"), zone).unwrap();
+    let server = nsd_server(dir.path(), port, "nsd.log");
+    // minimal-responses: no NS in authority of positive answers, as koder-dns answers.
+    let conf = format!(
+        r#"{server}
     identity: "{identity}"
     hide-version: yes
     minimal-responses: yes

@@ -188,14 +188,7 @@ async fn axfr_sends_a_large_zone_in_many_messages_with_what_queries_answer() {
     let txt_web: Vec<Vec<String>> = of_type(&records, RecordType::TXT)
         .into_iter()
         .filter(|r| r.name.to_ascii() == "web.service.koder.")
-        .map(|r| match &r.data {
-            RData::TXT(txt) => txt
-                .txt_data
-                .iter()
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect(),
-            other => panic!("{other:?}"),
-        })
+        .map(common::txt_strings)
         .collect();
     assert_eq!(
         txt_web,
@@ -549,19 +542,9 @@ zone:
             } else {
                 "transfer."
             };
+            let server = crate::tools::nsd_server(dir, port, "secondary.log");
             format!(
-                r#"server:
-    ip-address: 127.0.0.1@{port}
-    do-ip6: no
-    username: ""
-    chroot: ""
-    zonesdir: "{d}"
-    database: ""
-    zonelistfile: "{d}/zone.list"
-    xfrdfile: "{d}/xfrd.state"
-    xfrdir: "{d}"
-    pidfile: "{d}/nsd.pid"
-    logfile: "{d}/secondary.log"
+                r#"{server}
     server-count: 1
     verbosity: 2
 remote-control:
