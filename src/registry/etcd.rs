@@ -120,9 +120,43 @@ fn outcome_unknown(what: &str) -> StoreError {
 /// timed out, or an unknown answer), unavailable when it was refused.
 fn classify(e: etcd_client::Error, what: &str) -> StoreError {
     match &e {
-        // tonic's codes: 1 Cancelled, 2 Unknown, 4 DeadlineExceeded.
-        etcd_client::Error::GRpcStatus(s) if matches!(s.code() as i32, 1 | 2 | 4) => outcome_unknown(what),
+        // tonic's codes: 1 Cancelled, 2 Unknown, 4 DeadlineExceeded; etcd answers a proposal
+        // it could not confirm in time with 14 Unavailable "request timed out".
+        etcd_client::Error::GRpcStatus(s)
+            if matches!(s.code() as i32, 1 | 2 | 4) || s.message().contains("timed out") =>
+        {
+            outcome_unknown(what)
+        }
         _ => StoreError::Unavailable(format!("etcd refused the {what}: {e}")),
+    }
+}
+
+/// A call that never reached a member: the connection was refused.
+fn refused(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => s.code() as i32 == 14 && s.message().contains("connect"),
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// Runs `call` again (a few times, quickly) when the connection was refused. etcd-client
+/// balances over every endpoint and keeps sending a share of the calls to a dead member;
+/// such a call carried nothing, so trying again reaches a live one.
+async fn retrying<T, F, Fut>(client: &Client, mut call: F) -> Result<T, etcd_client::Error>
+where
+    F: FnMut(Client) -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match call(client.clone()).await {
+            Err(e) if refused(&e) && tries < 8 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+            }
+            result => return result,
+        }
     }
 }
 
@@ -172,7 +206,6 @@ impl Etcd {
     /// Loads every instance at one revision, paged; ids this node holds that etcd no
     /// longer has are removed (a reload after the watch fell behind a compaction).
     async fn load(&self) -> Result<i64, etcd_client::Error> {
-        let mut client = self.client.clone();
         let end = {
             let mut end = self.instances.clone().into_bytes();
             *end.last_mut().expect("the prefix ends in /") += 1;
@@ -186,7 +219,11 @@ impl Etcd {
             if revision > 0 {
                 options = options.with_revision(revision);
             }
-            let page = client.get(from.clone(), Some(options)).await?;
+            let page = retrying(&self.client, |mut client| {
+                let (from, options) = (from.clone(), options.clone());
+                async move { client.get(from, Some(options)).await }
+            })
+            .await?;
             if revision == 0 {
                 revision = page.header().map_or(0, |h| h.revision());
             }
@@ -377,13 +414,14 @@ impl Etcd {
         }
     }
 
-    /// One etcd call under [`CALL_TIMEOUT`]; a timeout leaves the outcome unknown.
-    async fn call<T>(
-        &self,
-        what: &str,
-        call: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(CALL_TIMEOUT, call).await {
+    /// One etcd call under [`CALL_TIMEOUT`] (tried again on a refused connection); a
+    /// timeout leaves the outcome unknown.
+    async fn call<T, F, Fut>(&self, what: &str, call: F) -> Result<T, StoreError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        match tokio::time::timeout(CALL_TIMEOUT, retrying(&self.client, call)).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => Err(classify(e, what)),
             Err(_) => Err(outcome_unknown(what)),
@@ -391,8 +429,11 @@ impl Etcd {
     }
 
     async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse, StoreError> {
-        let mut client = self.client.clone();
-        self.call(what, client.txn(txn)).await
+        self.call(what, |mut client| {
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await
     }
 
     /// Refuses at once while etcd is unreachable (see [`Self::probe`]).
@@ -439,8 +480,13 @@ impl Etcd {
     pub async fn deregister(&self, id: &str) -> Result<bool, StoreError> {
         self.writable()?;
         let alive = self.registry.get(id).is_some();
-        let mut client = self.client.clone();
-        let answer = self.call("deregistration", client.delete(self.key(id), None)).await?;
+        let key = self.key(id);
+        let answer = self
+            .call("deregistration", |mut client| {
+                let key = key.clone();
+                async move { client.delete(key, None).await }
+            })
+            .await?;
         if answer.deleted() == 0 {
             return Ok(false);
         }
@@ -503,10 +549,16 @@ impl Etcd {
             match self.txn("renewals", txn(chunk)).await {
                 Ok(answer) if answer.succeeded() => {}
                 Ok(_) => {
-                    // One of them changed elsewhere: the others still go, one by one.
+                    // One of them changed since this node last applied it: the others still
+                    // go, one by one. A failed one is tried again at the next batch with the
+                    // revision known then (this node's own previous batch may simply not
+                    // have come back through the watch yet); one deleted meanwhile is not.
                     for one in chunk.chunks(1) {
-                        if self.txn("renewal", txn(one)).await.is_err() {
-                            retry.insert(one[0].0.clone());
+                        match self.txn("renewal", txn(one)).await {
+                            Ok(answer) if answer.succeeded() => {}
+                            _ => {
+                                retry.insert(one[0].0.clone());
+                            }
                         }
                     }
                 }
@@ -529,8 +581,10 @@ impl Etcd {
             if self.shutdown.is_cancelled() {
                 return;
             }
-            let mut client = self.client.clone();
-            let read = client.get(self.leader_key.clone(), Some(GetOptions::new().with_count_only()));
+            let read = retrying(&self.client, |mut client| {
+                let key = self.leader_key.clone();
+                async move { client.get(key, Some(GetOptions::new().with_count_only())).await }
+            });
             let ok = matches!(tokio::time::timeout(Duration::from_secs(1), read).await, Ok(Ok(_)));
             if ok {
                 if let Some(since) = down_since.take() {
@@ -568,8 +622,11 @@ impl Etcd {
 
     /// Takes the leader key if it is free: the key's lease and its `create_revision`.
     async fn campaign(&self) -> Result<Option<(i64, i64)>, etcd_client::Error> {
-        let mut client = self.client.clone();
-        let lease = client.lease_grant(LEADER_TTL_S, None).await?.id();
+        let lease = retrying(&self.client, |mut client| async move {
+            client.lease_grant(LEADER_TTL_S, None).await
+        })
+        .await?
+        .id();
         let txn = Txn::new()
             .when([Compare::create_revision(self.leader_key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
@@ -577,17 +634,28 @@ impl Etcd {
                 self.node_id.clone(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        let answer = client.txn(txn).await?;
+        let answer = retrying(&self.client, |mut client| {
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await?;
         if !answer.succeeded() {
-            let _ = client.lease_revoke(lease).await;
+            let _ = retrying(
+                &self.client,
+                |mut client| async move { client.lease_revoke(lease).await },
+            )
+            .await;
             return Ok(None);
         }
         Ok(Some((lease, answer.header().map_or(0, |h| h.revision()))))
     }
 
     async fn reap_while_leading(&self, lease: i64, created: i64, every: Duration) {
-        let mut client = self.client.clone();
-        let Ok((mut keeper, mut answers)) = client.lease_keep_alive(lease).await else {
+        let Ok((mut keeper, mut answers)) = retrying(&self.client, |mut client| async move {
+            client.lease_keep_alive(lease).await
+        })
+        .await
+        else {
             return;
         };
         *self.leader_lease.lock() = Some(lease);

@@ -981,8 +981,14 @@ impl Registry {
         } else if deadline <= now {
             return false;
         }
+        // Replacing one (a change from another node, on etcd): its member is swapped in its
+        // view, not removed first, so DNS never answers in between as if it were gone.
         if let Some((id, old)) = self.instances.remove(&id) {
-            self.forget(&id, &old);
+            self.leases.remove(&id, old.lease.deadline());
+            if old.instance.name != instance.name {
+                self.remove_member(&old.instance.name, &id);
+            }
+            self.count.fetch_sub(1, Ordering::AcqRel);
         }
         let lease = Arc::new(Lease::new(deadline));
         let member = self.member(&id, &instance, lease.clone(), !unconfirmed);

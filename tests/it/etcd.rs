@@ -699,3 +699,143 @@ async fn without_the_feature_store_etcd_is_refused_with_the_build_command() {
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("--features etcd"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn heartbeats_on_one_node_keep_the_instance_alive_on_every_node() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let n = nodes(&cluster, "/t7/").await;
+    let client = client();
+    let (status, body) = post(
+        &client,
+        &n.procs[0],
+        "/services/register",
+        &instance("beating", "beating", 0, 2 * SECOND),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // Heart-beat through node 2 only, for more than twice the TTL: every node keeps serving it.
+    let until_at = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until_at {
+        let (status, body) = post(&client, &n.procs[1], "/services/heartbeat", &json!({"id": "beating"})).await;
+        assert_eq!(status, 200, "{body}");
+        for node in &n.procs {
+            assert_eq!(
+                srv(node.dns, "beating").await,
+                1,
+                "served everywhere while heart-beaten elsewhere"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Silence: every node hides it within TTL + one batch (+ slack), and it is deleted once.
+    for node in &n.procs {
+        until("hidden after its lease", Duration::from_secs(4), async || {
+            srv(node.dns, "beating").await == 0
+        })
+        .await;
+    }
+}
+
+/// The history checker: clients each own a few ids and change them (register, deregister,
+/// re-register) through random nodes while a koder-dns node is killed and an etcd member is
+/// killed; every acknowledged operation is then checked against the final state on every
+/// node: no acknowledged write lost, no acknowledged deregistration resurrected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn history_of_acknowledged_operations_holds_on_every_node_through_faults() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::start().await;
+    let mut n = nodes(&cluster, "/t8/").await;
+    let client = client();
+    let bases: Arc<Vec<String>> = Arc::new(n.procs.iter().map(|p| p.base()).collect());
+    /// Per id: the last acknowledged operation (true = registered), and whether an
+    /// unacknowledged one came after it (then either state is allowed).
+    type History = BTreeMap<String, (Option<bool>, bool)>;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..16 {
+        let (client, bases, stop) = (client.clone(), bases.clone(), stop.clone());
+        tasks.spawn(async move {
+            let mut history = History::new();
+            let mut step = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let id = format!("h-{t}-{}", fastrand::usize(..4));
+                let register = fastrand::bool();
+                let base = &bases[fastrand::usize(..bases.len())];
+                let (path, body) = if register {
+                    ("register", instance(&id, "hist", t * 4 + step % 4, 120 * SECOND))
+                } else {
+                    ("deregister", json!({ "id": id }))
+                };
+                step += 1;
+                let sent = client
+                    .post(format!("{base}/api/v1/services/{path}"))
+                    .header("X-API-Key", KEY)
+                    .json(&body)
+                    .send()
+                    .await;
+                let entry = history.entry(id).or_insert((None, false));
+                match sent.map(|r| r.status().as_u16()) {
+                    Ok(200) => *entry = (Some(register), false),
+                    // Deregistering what is not there: it is not there (acknowledged).
+                    Ok(404) if !register => *entry = (Some(false), false),
+                    // The killed node: a refused connection carried nothing.
+                    Err(e) if e.is_connect() => {}
+                    // A 503 or an unknown outcome: either state may follow.
+                    _ => entry.1 = true,
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            history
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    n.procs.remove(2).kill9();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.kill(1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut history = History::new();
+    while let Some(r) = tasks.join_next().await {
+        history.extend(r.unwrap());
+    }
+    let restarted = node(&n.dirs[2], &cluster.endpoints(), "/t8/").await;
+    n.procs.push(restarted);
+    let checked = history
+        .values()
+        .filter(|(acked, unknown)| acked.is_some() && !unknown)
+        .count();
+    assert!(checked >= 32, "too few acknowledged operations to check: {checked}");
+    // Every node's watch catches up: a marker written last is seen everywhere first.
+    let (status, body) = post(
+        &client,
+        &n.procs[0],
+        "/services/register",
+        &instance("marker", "marker", 0, 60 * SECOND),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    for node in &n.procs {
+        until("the marker everywhere", Duration::from_secs(3), async || {
+            srv(node.dns, "marker").await == 1
+        })
+        .await;
+        let listed = listed(&client, node).await;
+        for (id, (acked, unknown)) in &history {
+            if *unknown {
+                continue;
+            }
+            if let Some(registered) = acked {
+                assert_eq!(
+                    listed.contains_key(id),
+                    *registered,
+                    "{id}: last acknowledged operation was {}, node {} disagrees",
+                    if *registered { "register" } else { "deregister" },
+                    node.base()
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Several nodes on etcd: a 3-member etcd cluster and 3 koder-dns nodes on loopback, driven
+# by the etcd-bench example (benches/etcd_bench.rs): raw etcd transactions against
+# registrations through the nodes in the same run, propagation node 1 -> node 3, and
+# heartbeats/s on one node. Prints a Markdown table on stdout; progress on stderr.
+#
+# Env knobs (defaults): CLIENTS=64, SECONDS=5, SKIP_BUILD=1 (use the built binaries),
+# KEEP_TMP=1 (keep logs). Needs /usr/bin/etcd (Debian: etcd-server) and, to build, protoc
+# (protobuf-compiler libprotobuf-dev). Only 127.0.0.1 is used.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CLIENTS="${CLIENTS:-64}"
+SECONDS_EACH="${SECONDS:-5}"
+KEY="etcd-bench-key-0123456789abcdef"
+log() { echo "etcd.sh: $*" >&2; }
+[ -x /usr/bin/etcd ] || { log "/usr/bin/etcd is missing: apt-get install etcd-server"; exit 1; }
+if [ "${SKIP_BUILD:-}" != 1 ]; then
+    log "building koder-dns and etcd-bench (release, --features etcd)"
+    cargo build --release --features etcd --quiet --bin koder-dns --example etcd-bench
+fi
+BIN=target/release/koder-dns
+BENCH=target/release/examples/etcd-bench
+
+TMP="$(mktemp -d /tmp/koder-bench-etcd.XXXXXX)"
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    if [ "${KEEP_TMP:-}" = 1 ]; then log "kept $TMP"; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+declare -a CLIENT_PORTS PEER_PORTS
+for i in 0 1 2; do CLIENT_PORTS[$i]="$(free_port)"; PEER_PORTS[$i]="$(free_port)"; done
+INITIAL="m0=http://127.0.0.1:${PEER_PORTS[0]},m1=http://127.0.0.1:${PEER_PORTS[1]},m2=http://127.0.0.1:${PEER_PORTS[2]}"
+ENDPOINTS="http://127.0.0.1:${CLIENT_PORTS[0]},http://127.0.0.1:${CLIENT_PORTS[1]},http://127.0.0.1:${CLIENT_PORTS[2]}"
+for i in 0 1 2; do
+    /usr/bin/etcd --name "m$i" --data-dir "$TMP/etcd-m$i" \
+        --listen-client-urls "http://127.0.0.1:${CLIENT_PORTS[$i]}" \
+        --advertise-client-urls "http://127.0.0.1:${CLIENT_PORTS[$i]}" \
+        --listen-peer-urls "http://127.0.0.1:${PEER_PORTS[$i]}" \
+        --initial-advertise-peer-urls "http://127.0.0.1:${PEER_PORTS[$i]}" \
+        --initial-cluster "$INITIAL" --initial-cluster-state new \
+        --logger zap --log-outputs stderr 2>"$TMP/etcd-m$i.log" &
+    PIDS+=($!)
+done
+for i in 0 1 2; do
+    for _ in $(seq 200); do
+        curl -sf "http://127.0.0.1:${CLIENT_PORTS[$i]}/health" | grep -q true && break
+        sleep 0.1
+    done
+done
+log "etcd up at $ENDPOINTS"
+
+NODE_URLS=()
+for i in 0 1 2; do
+    http="$(free_port)"; dns="$(free_port)"
+    KODER_DNS_API_KEY="$KEY" KODER_DNS_LOG=warn "$BIN" serve --store etcd --etcd-endpoints "$ENDPOINTS" \
+        --etcd-prefix /bench/ --http-listen "127.0.0.1:$http" --dns-listen "127.0.0.1:$dns" \
+        --data-dir "$TMP/node$i" --zones-dir "$TMP/node$i/zones" --max-instances 2000000 \
+        2>"$TMP/node$i.log" &
+    PIDS+=($!)
+    NODE_URLS+=("http://127.0.0.1:$http")
+    DNS3="127.0.0.1:$dns"
+    for _ in $(seq 200); do curl -sf "http://127.0.0.1:$http/healthz" >/dev/null && break; sleep 0.1; done
+done
+log "nodes up at ${NODE_URLS[*]}"
+
+"$BENCH" "$ENDPOINTS" "$(IFS=,; echo "${NODE_URLS[*]}")" "$DNS3" "$KEY" "$CLIENTS" "$SECONDS_EACH"
+echo
+echo "$(nproc) CPUs, etcd $(/usr/bin/etcd --version | head -1 | awk '{print $3}'), everything on this one machine"
