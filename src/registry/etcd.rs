@@ -79,6 +79,9 @@ pub struct Etcd {
     /// `<prefix>instances/`.
     instances: String,
     leader_key: String,
+    /// When the expiry leader last ran, on its clock: tells a start after every node was
+    /// down how long heartbeats could not be taken (see [`Self::open`]).
+    alive_key: String,
     node_id: String,
     registry: Arc<Registry>,
     /// The `mod_revision` of every key this node applied: what a registration compares on.
@@ -169,6 +172,7 @@ impl Etcd {
             client,
             instances: format!("{}instances/", settings.prefix),
             leader_key: format!("{}leader", settings.prefix),
+            alive_key: format!("{}alive_at", settings.prefix),
             node_id: settings.node_id,
             registry,
             revisions: DashMap::new(),
@@ -182,6 +186,22 @@ impl Etcd {
             tasks: Mutex::new(Vec::new()),
             leader_lease: Mutex::new(None),
         });
+        // After every node was down, leases that ran out meanwhile are kept unserved until
+        // their registrants are heard from, as after a single node's restart, instead of
+        // being deleted at once (and every registrant getting 410). With other nodes
+        // running, the leader wrote this a moment ago and nothing is parked.
+        let alive = retrying(&etcd.client, |mut client| {
+            let key = etcd.alive_key.clone();
+            async move { client.get(key, None).await }
+        });
+        if let Ok(Ok(alive)) = tokio::time::timeout(CALL_TIMEOUT, alive).await
+            && let Some(at) = alive
+                .kvs()
+                .first()
+                .and_then(|kv| kv.value_str().ok()?.parse::<Nanos>().ok())
+        {
+            etcd.registry.blind_between(at, etcd.registry.now());
+        }
         let revision = tokio::time::timeout(Duration::from_secs(10), etcd.load())
             .await
             .map_err(|_| anyhow::anyhow!("etcd did not answer within 10s"))
@@ -421,11 +441,15 @@ impl Etcd {
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        match tokio::time::timeout(CALL_TIMEOUT, retrying(&self.client, call)).await {
+        let started = Instant::now();
+        let result = match tokio::time::timeout(CALL_TIMEOUT, retrying(&self.client, call)).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => Err(classify(e, what)),
             Err(_) => Err(outcome_unknown(what)),
-        }
+        };
+        // The same series as redb's commits: an operator's dashboard works for both stores.
+        crate::metrics::store_commit(result.is_ok(), started.elapsed());
+        result
     }
 
     async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse, StoreError> {
@@ -680,6 +704,8 @@ impl Etcd {
             if reaped_at.elapsed() >= every {
                 reaped_at = Instant::now();
                 self.delete_expired(created).await;
+                let alive = TxnOp::put(self.alive_key.clone(), self.registry.now().to_string(), None);
+                let _ = self.txn("alive stamp", Txn::new().and_then([alive])).await;
             }
         }
         self.leader_lease.lock().take();

@@ -839,3 +839,45 @@ async fn history_of_acknowledged_operations_holds_on_every_node_through_faults()
         }
     }
 }
+
+/// Every node down for longer than the leases: on restart, the leases that ran out while
+/// no node could take a heartbeat are parked (unserved), not deleted, so a registrant that
+/// kept heart-beating gets 200, not 410, and is served again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn every_node_down_longer_than_the_ttl_is_no_410_storm() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let mut n = nodes(&cluster, "/t9/").await;
+    let client = client();
+    let (status, body) = post(
+        &client,
+        &n.procs[0],
+        "/services/register",
+        &instance("patient", "patient", 0, 2 * SECOND),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // Let the leader stamp its last run after the registration.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    for proc in n.procs.drain(..) {
+        proc.kill9();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let first = node(&n.dirs[0], &cluster.endpoints(), "/t9/").await;
+    let (status, body) = post(&client, &first, "/services/heartbeat", &json!({"id": "patient"})).await;
+    assert_eq!(
+        status, 200,
+        "a heartbeat after a cluster-wide outage is not 410: {body}"
+    );
+    assert_eq!(
+        srv(first.dns, "patient").await,
+        1,
+        "confirmed by its heartbeat, served again"
+    );
+    let second = node(&n.dirs[1], &cluster.endpoints(), "/t9/").await;
+    until("the other node serves it too", Duration::from_secs(2), async || {
+        srv(second.dns, "patient").await == 1
+    })
+    .await;
+}
