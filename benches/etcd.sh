@@ -4,14 +4,14 @@
 # registrations through the nodes in the same run, propagation node 1 -> node 3, and
 # heartbeats/s on one node. Prints a Markdown table on stdout; progress on stderr.
 #
-# Env knobs (defaults): CLIENTS=64, SECONDS=5, SKIP_BUILD=1 (use the built binaries),
+# Env knobs (defaults): CLIENTS=64, DURATION=5 (seconds per measure), SKIP_BUILD=1 (use the built binaries),
 # KEEP_TMP=1 (keep logs). Needs /usr/bin/etcd (Debian: etcd-server) and, to build, protoc
 # (protobuf-compiler libprotobuf-dev). Only 127.0.0.1 is used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CLIENTS="${CLIENTS:-64}"
-SECONDS_EACH="${SECONDS:-5}"
+DURATION="${DURATION:-5}"
 KEY="etcd-bench-key-0123456789abcdef"
 log() { echo "etcd.sh: $*" >&2; }
 [ -x /usr/bin/etcd ] || { log "/usr/bin/etcd is missing: apt-get install etcd-server"; exit 1; }
@@ -68,6 +68,16 @@ for i in 0 1 2; do
 done
 log "nodes up at ${NODE_URLS[*]}"
 
-"$BENCH" "$ENDPOINTS" "$(IFS=,; echo "${NODE_URLS[*]}")" "$DNS3" "$KEY" "$CLIENTS" "$SECONDS_EACH"
+# CPU seconds (user + system) of a process, from /proc.
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{ printf "%.1f", ($14 + $15) / hz }' "/proc/$1/stat"; }
+declare -A BEFORE
+for pid in "${PIDS[@]}"; do BEFORE[$pid]="$(cpu "$pid")"; done
+"$BENCH" "$ENDPOINTS" "$(IFS=,; echo "${NODE_URLS[*]}")" "$DNS3" "$KEY" "$CLIENTS" "$DURATION"
+echo
+names=(etcd-m0 etcd-m1 etcd-m2 node1 node2 node3)
+echo -n "CPU seconds during the run:"
+for i in "${!PIDS[@]}"; do
+    echo -n " ${names[$i]} $(awk -v a="$(cpu "${PIDS[$i]}")" -v b="${BEFORE[${PIDS[$i]}]}" 'BEGIN { printf "%.1f", a - b }')"
+done
 echo
 echo "$(nproc) CPUs, etcd $(/usr/bin/etcd --version | head -1 | awk '{print $3}'), everything on this one machine"

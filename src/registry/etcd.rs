@@ -6,8 +6,9 @@
 //! - At start every instance under `<prefix>instances/` is loaded at one etcd revision, then
 //!   an etcd watch from the next revision applies every put and delete. The registry's
 //!   revision is etcd's ([`Registry::follow_revision`]), the same on every node.
-//! - Register and deregister are etcd transactions, answered only once this node's watch
-//!   applied their revision (read-your-writes). A registration compares the key's
+//! - Register and deregister are etcd transactions, answered only once this node shows
+//!   them (read-your-writes): a registration applies its own committed write at once, a
+//!   deregistration waits for the watch to deliver it. A registration compares the key's
 //!   `mod_revision` with the one this node last applied and computed `created` and
 //!   `registered_at` from: when another node changed the key meanwhile the compare fails,
 //!   the node catches up and decides again; it never reads before writing.
@@ -89,6 +90,10 @@ pub struct Etcd {
     revisions: DashMap<Arc<str>, i64>,
     /// The last etcd revision this node's watch applied.
     applied: watch::Sender<i64>,
+    /// Held while a change is applied, by the watch and by a registration applying its own
+    /// committed write ahead of the watch (see [`Self::register`]), so that neither applies
+    /// a key's older state over a newer one.
+    applying: Mutex<()>,
     /// Asks the watch for a progress report: a revision with no event under the prefix
     /// (another key's, a failed compare's) is only known applied through one.
     progress: Notify,
@@ -177,6 +182,7 @@ impl Etcd {
             registry,
             revisions: DashMap::new(),
             applied: watch::Sender::new(0),
+            applying: Mutex::new(()),
             progress: Notify::new(),
             reachable: AtomicBool::new(true),
             grace: settings.persist_interval.as_nanos() as i64,
@@ -247,6 +253,7 @@ impl Etcd {
             if revision == 0 {
                 revision = page.header().map_or(0, |h| h.revision());
             }
+            let _applying = self.applying.lock();
             for kv in page.kvs() {
                 if let Some(id) = self.apply_put(kv) {
                     seen.insert(id);
@@ -260,6 +267,7 @@ impl Etcd {
                 _ => break,
             }
         }
+        let _applying = self.applying.lock();
         let gone: Vec<Arc<str>> = self
             .revisions
             .iter()
@@ -267,7 +275,7 @@ impl Etcd {
             .filter(|id| !seen.contains(id))
             .collect();
         for id in gone {
-            self.apply_delete(&id);
+            self.apply_delete(&id, revision);
         }
         self.registry.follow_revision(revision as u64);
         self.applied.send_replace(revision);
@@ -291,15 +299,29 @@ impl Etcd {
             return None;
         }
         let id: Arc<str> = id.into();
+        self.apply_instance(id.clone(), instance, kv.mod_revision());
+        Some(id)
+    }
+
+    /// Applies the state of a key at `revision`, unless a newer one is applied already.
+    /// Called with [`Self::applying`] held.
+    fn apply_instance(&self, id: Arc<str>, instance: Instance, revision: i64) {
+        if self.revisions.get(&id).is_some_and(|known| *known >= revision) {
+            return;
+        }
         if !self.registry.renewed_elsewhere(&instance, self.grace) {
             // One whose lease ended before it arrived is not put back; the leader deletes it.
             self.registry.put_back(instance, self.grace);
         }
-        self.revisions.insert(id.clone(), kv.mod_revision());
-        Some(id)
+        self.revisions.insert(id, revision);
     }
 
-    fn apply_delete(&self, id: &str) {
+    /// Applies a delete at `revision`, unless the key was written again since (a
+    /// registration applied ahead of the watch). Called with [`Self::applying`] held.
+    fn apply_delete(&self, id: &str, revision: i64) {
+        if self.revisions.get(id).is_some_and(|known| *known > revision) {
+            return;
+        }
         self.registry.deregister(id);
         self.revisions.remove(id);
     }
@@ -375,6 +397,7 @@ impl Etcd {
                     continue;
                 }
                 let mut last = 0;
+                let applying = self.applying.lock();
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
                     match event.event_type() {
@@ -383,13 +406,14 @@ impl Etcd {
                         }
                         EventType::Delete => {
                             if let Some(id) = String::from_utf8_lossy(kv.key()).strip_prefix(&self.instances) {
-                                self.apply_delete(id);
+                                self.apply_delete(id, kv.mod_revision());
                             }
                         }
                     }
                     last = last.max(kv.mod_revision());
                 }
                 self.applied_to(last);
+                drop(applying);
             }
             self.pause(Duration::from_millis(100)).await;
         }
@@ -489,11 +513,20 @@ impl Etcd {
                 .and_then([TxnOp::put(key.clone(), json, None)]);
             let answer = self.txn("registration", txn).await?;
             let revision = answer.header().map_or(0, |h| h.revision());
-            // Committed or not: catch up to it (the conflicting change, if any) first.
-            self.wait_applied(revision).await?;
             if answer.succeeded() {
+                // Read-your-writes without waiting for the watch: etcd says the key holds
+                // this instance at `revision`, so this node applies it now unless its watch
+                // already went past it. The watch's later delivery of the same revision is
+                // then a no-op, and anything newer still wins (see `apply_instance`). Only the
+                // registry's revision waits for the watch, so it stays etcd's everywhere.
+                let _applying = self.applying.lock();
+                if *self.applied.borrow() < revision {
+                    self.apply_instance(spec.id.as_str().into(), instance.clone(), revision);
+                }
                 return Ok(Registered { instance, created });
             }
+            // Another node changed the key: catch up to that change, then decide again.
+            self.wait_applied(revision).await?;
         }
         Err(StoreError::Unavailable(
             "the instance kept changing on other nodes during this registration; retry".into(),
