@@ -80,4 +80,24 @@ for i in "${!PIDS[@]}"; do
     echo -n " ${names[$i]} $(awk -v a="$(cpu "${PIDS[$i]}")" -v b="${BEFORE[${PIDS[$i]}]}" 'BEGIN { printf "%.1f", a - b }')"
 done
 echo
+# DNS QPS of an etcd node against a redb node holding the same 200 instances (prop0..199,
+# registered by the bench on node 1), dnsperf for DURATION seconds each, twice, alternated.
+if command -v dnsperf >/dev/null; then
+    rhttp="$(free_port)"; rdns="$(free_port)"
+    KODER_DNS_API_KEY="$KEY" KODER_DNS_LOG=warn "$BIN" serve --http-listen "127.0.0.1:$rhttp" \
+        --dns-listen "127.0.0.1:$rdns" --data-dir "$TMP/redb" --zones-dir "$TMP/redb/zones" 2>"$TMP/redb.log" &
+    PIDS+=($!)
+    for _ in $(seq 200); do curl -sf "http://127.0.0.1:$rhttp/healthz" >/dev/null && break; sleep 0.1; done
+    for i in $(seq 0 199); do
+        curl -sf -H "X-API-Key: $KEY" -d "{\"id\":\"prop$i\",\"name\":\"prop$i\",\"address\":\"10.9.0.1\",\"port\":$((1000 + i)),\"ttl_ns\":300000000000}" \
+            "http://127.0.0.1:$rhttp/api/v1/services/register" >/dev/null
+    done
+    for i in $(seq 0 199); do echo "_prop$i._tcp.service.koder SRV"; done >"$TMP/queries"
+    qps() { dnsperf -s 127.0.0.1 -p "$1" -d "$TMP/queries" -l "$DURATION" -c 4 -Q 1000000 2>/dev/null |
+        awk '/Queries per second/ { printf "%.0f", $4 }'; }
+    e1="$(qps "${DNS3##*:}")"; r1="$(qps "$rdns")"; e2="$(qps "${DNS3##*:}")"; r2="$(qps "$rdns")"
+    echo "DNS QPS (dnsperf, 200 SRV names): etcd node $e1 / $e2, redb node $r1 / $r2"
+else
+    log "dnsperf not installed: DNS QPS not measured (apt-get install dnsperf)"
+fi
 echo "$(nproc) CPUs, etcd $(/usr/bin/etcd --version | head -1 | awk '{print $3}'), everything on this one machine"
