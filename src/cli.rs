@@ -46,6 +46,11 @@ pub enum Command {
     ///
     /// Exit status: 0 all pass, 1 any failed, 2 could not run. Key from KODER_DNS_API_KEY.
     Conformance(ConformanceArgs),
+    /// Copy a redb registry (`--data-dir`) into etcd, for a move to `--store etcd`.
+    ///
+    /// Refuses when the prefix already holds a registry, unless --force. Exit status: 0
+    /// copied, 1 refused or failed.
+    Migrate(crate::cluster::MigrateArgs),
 }
 
 #[derive(Debug, Args)]

@@ -249,6 +249,15 @@ settings! {
         "Zone versions the IXFR journal keeps; a secondary older than all of them gets the whole zone.";
     journal_max_bytes: usize = "67108864", "KODER_DNS_JOURNAL_MAX_BYTES", "BYTES", parsed,
         "Bytes of changed records the IXFR journal keeps at most.";
+    store: crate::cluster::StoreKind = "redb", "KODER_DNS_STORE", "KIND", crate::cluster::store_kind,
+        "Where the registry is kept: redb (one node, a file under --data-dir) or etcd (any number of \
+         nodes sharing one registry; needs a build with --features etcd).";
+    etcd_endpoints: crate::cluster::Endpoints = "http://127.0.0.1:2379", "KODER_DNS_ETCD_ENDPOINTS", "URLS",
+        crate::cluster::endpoints, "etcd v3 client URLs, comma-separated (with --store etcd).";
+    etcd_prefix: String = "/koder-dns/", "KODER_DNS_ETCD_PREFIX", "PREFIX", crate::cluster::prefix,
+        "Key prefix of this registry in etcd; nodes with the same prefix share one registry.";
+    node_id: String = "auto", "KODER_DNS_NODE_ID", "ID", parsed,
+        "This node's name among the etcd nodes (the expiry leader's lock says it); auto = host:http-port.";
 }
 
 /// Reads the `--config` file, refusing keys that are no setting.

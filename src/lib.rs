@@ -11,6 +11,7 @@
 pub mod api;
 pub mod cli;
 pub mod client;
+pub mod cluster;
 pub mod config;
 pub mod dns;
 pub mod export;

@@ -32,6 +32,9 @@ use crate::zone::records::{SoaTimers, ZoneNames};
 /// A lease that ran out while the server was down is parked unserved for one more TTL
 /// (see [`Registry::put_back`]), for a restart longer than the TTL.
 async fn open_store(config: &Config, registry: &Arc<Registry>) -> anyhow::Result<Store> {
+    if config.store == crate::cluster::StoreKind::Etcd {
+        return open_etcd(config, registry).await;
+    }
     let data_dir = config.data_dir.clone();
     let (db, path, loaded) = tokio::task::spawn_blocking(move || disk::open(&data_dir)).await??;
     registry.raise_revision(loaded.revision.saturating_add(1));
@@ -61,6 +64,31 @@ async fn open_store(config: &Config, registry: &Arc<Registry>) -> anyhow::Result
             .map_err(|e| anyhow::anyhow!("cannot remove expired instances from disk: {e}"))?;
     }
     Ok(Store::new(registry.clone(), disk))
+}
+
+/// `--store etcd`: the registry is loaded from etcd and follows it (see [`registry::etcd`]).
+#[cfg(feature = "etcd")]
+async fn open_etcd(config: &Config, registry: &Arc<Registry>) -> anyhow::Result<Store> {
+    let node_id = match config.node_id.as_str() {
+        // Port 0 is picked at bind, after this: the process id tells such nodes apart.
+        "auto" if config.http_listen.port() == 0 => format!("{}:0-{}", dns::host_name(), std::process::id()),
+        "auto" => format!("{}:{}", dns::host_name(), config.http_listen.port()),
+        id => id.to_owned(),
+    };
+    let settings = registry::etcd::Settings {
+        endpoints: config.etcd_endpoints.clone(),
+        prefix: config.etcd_prefix.clone(),
+        node_id,
+        persist_interval: config.persist_interval,
+        reaper_interval: config.reaper_interval,
+    };
+    let etcd = registry::etcd::Etcd::open(settings, registry.clone()).await?;
+    Ok(Store::etcd(registry.clone(), etcd))
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn open_etcd(_: &Config, _: &Arc<Registry>) -> anyhow::Result<Store> {
+    anyhow::bail!("--store etcd: {}", crate::cluster::NO_ETCD)
 }
 
 /// A started server.

@@ -20,6 +20,10 @@ need haproxy haproxy
 need knotd knot
 need kdig knot-dnsutils
 need etcd etcd-server
+# The etcd client (cargo feature `etcd`) is generated at build time by protoc, which also
+# needs the protobuf well-known types (google/protobuf/*.proto, in libprotobuf-dev).
+need protoc protobuf-compiler
+[ -e /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 if ((${#missing[@]})); then
     echo "tests/run.sh: installing ${missing[*]}" >&2
     sudo=""
@@ -40,17 +44,26 @@ if [ "$(cat "$venv/installed" 2>/dev/null)" != "${python_tools[*]}" ]; then
 fi
 export PATH="$PWD/$venv/bin:$PATH"
 
-# Style and lints first: a formatting drift or a clippy warning fails the suite.
+# Style and lints first: a formatting drift or a clippy warning fails the suite. Both builds:
+# the default one (one node, no protoc needed) and the cluster node's (--features etcd).
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
+cargo clippy --all-targets --features etcd --quiet -- -D warnings
+# The default build must not need protoc: etcd-client stays out of its dependency tree.
+if cargo tree --edges normal,build --prefix none | grep -q '^etcd-client '; then
+    echo "tests/run.sh: the default build depends on etcd-client (it must stay behind --features etcd)" >&2
+    exit 1
+fi
+# The default build refuses --store etcd, saying how to build a cluster node.
+cargo test --quiet --test it etcd::without_the_feature
 
 # watch::ten_thousand_held_requests... holds 10,000 connections: room for them (root may
 # raise the hard limit; the test raises its soft limit and says so if it is still too low).
 ulimit -Hn 65536 2>/dev/null || true
 
 # tests/it/clients.rs runs the routing_file example as a consumer would.
-cargo build --examples --quiet
-cargo test --lib --bins --tests -- --include-ignored
+cargo build --examples --features etcd --quiet
+cargo test --features etcd --lib --bins --tests -- --include-ignored
 # The benchmarks must keep compiling; `cargo bench` runs them.
 cargo check --benches --quiet
 # So must the fuzz targets (their own crate; `cargo fuzz` runs them, see fuzz/README.md).

@@ -64,6 +64,11 @@ impl From<crate::registry::store::StoreError> for ApiError {
                 "storage_unavailable",
                 format!("{e}; nothing was changed, retry later"),
             ),
+            StoreError::OutcomeUnknown(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "outcome_unknown",
+                format!("{e}; the change may still take effect: registering again is safe"),
+            ),
         }
     }
 }

@@ -84,7 +84,8 @@ async fn upsert(app: AppState, body: Registration) -> Result<Json<RegisterRespon
         (status = 408, description = "the request took longer than the request timeout", body = ErrorBody),
         (status = 400, description = "no id", body = ErrorBody),
         (status = 410, description = "unknown, or its lease has run out: register again", body = ErrorBody),
-        (status = 413, description = "the body is over 64 KiB", body = ErrorBody)
+        (status = 413, description = "the body is over 64 KiB", body = ErrorBody),
+        (status = 503, description = "etcd is unreachable (--store etcd): the renewal could not be shared", body = ErrorBody)
     ))]
 pub async fn heartbeat(
     _: Authorized,
@@ -92,9 +93,12 @@ pub async fn heartbeat(
     JsonBody(body): JsonBody<IdBody>,
 ) -> Result<Response, ApiError> {
     let id = body.id()?;
-    let json = app.store.heartbeat(&id, |instance| {
-        serde_json::to_vec(instance).expect("instances serialise")
-    });
+    let json = app
+        .store
+        .heartbeat(&id, |instance| {
+            serde_json::to_vec(instance).expect("instances serialise")
+        })
+        .inspect_err(|_| metrics::heartbeat("unavailable"))?;
     metrics::heartbeat(if json.is_some() { "ok" } else { "gone" });
     let json = json.ok_or_else(|| {
         ApiError::new(

@@ -7,6 +7,8 @@
 //! [`Registry::with_view`]), so none of them can block another for long.
 
 pub mod disk;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod lease;
 pub mod reaper;
 pub mod store;
@@ -89,6 +91,15 @@ pub struct Prepared {
     reserved: bool,
 }
 
+impl Prepared {
+    /// Whether this registration creates the instance (new, or its old lease had run out),
+    /// as opposed to refreshing a live one: [`Registry::stamp`] keeps a live one's
+    /// `registered_at` and stamps a new one with the registration's own time.
+    pub fn created(&self) -> bool {
+        self.instance.registered_at == self.now
+    }
+}
+
 /// Which instances a listing keeps.
 #[derive(Debug, Default, Clone)]
 pub struct Filter {
@@ -164,6 +175,10 @@ pub struct Registry {
     watch: Mutex<Watch>,
     /// `(from, to]` on the registry's clock: downtime before this start, and stalls.
     blind: Mutex<Vec<(Nanos, Nanos)>>,
+    /// The revision is an outside store's (etcd's), set by [`Self::follow_revision`] and
+    /// [`Self::advance_revision`]: local changes wake waiters but do not count, so every
+    /// node sharing the store shows the same revision.
+    external_revision: AtomicBool,
 }
 
 impl Registry {
@@ -187,6 +202,7 @@ impl Registry {
                 mono: std::time::Instant::now(),
             }),
             blind: Mutex::new(Vec::new()),
+            external_revision: AtomicBool::new(false),
             clock,
         }
     }
@@ -372,8 +388,69 @@ impl Registry {
     }
 
     fn bump(&self) {
-        self.revision.fetch_add(1, Ordering::AcqRel);
+        if !self.external_revision.load(Ordering::Acquire) {
+            self.revision.fetch_add(1, Ordering::AcqRel);
+        }
         self.changed.notify_waiters();
+    }
+
+    /// From now on the revision is the shared store's, starting at `revision`: set, not
+    /// raised, because the wall-clock start of [`Self::new`] is far above etcd's counter.
+    pub fn follow_revision(&self, revision: u64) {
+        self.external_revision.store(true, Ordering::Release);
+        self.revision.store(revision, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// The shared store applied `revision` here (see [`Self::follow_revision`]).
+    pub fn advance_revision(&self, revision: u64) {
+        if self.revision.fetch_max(revision, Ordering::AcqRel) < revision {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// An instance another node renewed (its stored `updated_at` moved, nothing else):
+    /// extends the lease here to that renewal's end plus `grace` without a new view.
+    /// Returns false when the id is unknown here or differs in more than the stamp and the
+    /// health flag (each node's checker owns that flag): the caller then replaces it.
+    pub fn renewed_elsewhere(&self, instance: &Instance, grace: Nanos) -> bool {
+        let Some(mut entry) = self.instances.get_mut(instance.id.as_str()) else {
+            return false;
+        };
+        let same = Instance {
+            updated_at: entry.instance.updated_at,
+            healthy: entry.instance.healthy,
+            ..instance.clone()
+        } == entry.instance;
+        if !same || entry.unconfirmed {
+            return false;
+        }
+        let deadline = match self.deadline(instance.updated_at, instance.ttl_ns) {
+            NEVER => NEVER,
+            d => d.saturating_add(grace),
+        };
+        if deadline > entry.lease.deadline() {
+            entry.instance.updated_at = entry.instance.updated_at.max(instance.updated_at);
+            let id = entry.key().clone();
+            self.move_lease(&id, &entry.lease, deadline);
+        }
+        true
+    }
+
+    /// Gives every lease ending within `within` from now one more TTL from now. While the
+    /// shared store is unreachable no heartbeat can be taken or seen, so nothing may expire
+    /// for want of one; called through the outage (leases about to end) and once when it
+    /// ends (all of them), so registrants have a full lease to be heard again. Only ever
+    /// moves leases later, so views stay valid.
+    pub fn extend_leases(&self, within: Nanos) {
+        let now = self.clock.now();
+        let horizon = now.saturating_add(within);
+        for entry in self.instances.iter() {
+            let deadline = self.deadline(now, entry.instance.ttl_ns);
+            if entry.lease.deadline() < horizon && deadline > entry.lease.deadline() {
+                self.move_lease(entry.key(), &entry.lease, deadline);
+            }
+        }
     }
 
     /// The lease an instance gets: its own TTL, else the default; 0 = never expire.
@@ -924,8 +1001,14 @@ impl Registry {
         } else if deadline <= now {
             return false;
         }
+        // Replacing one (a change from another node, on etcd): its member is swapped in its
+        // view, not removed first, so DNS never answers in between as if it were gone.
         if let Some((id, old)) = self.instances.remove(&id) {
-            self.forget(&id, &old);
+            self.leases.remove(&id, old.lease.deadline());
+            if old.instance.name != instance.name {
+                self.remove_member(&old.instance.name, &id);
+            }
+            self.count.fetch_sub(1, Ordering::AcqRel);
         }
         let lease = Arc::new(Lease::new(deadline));
         let member = self.member(&id, &instance, lease.clone(), !unconfirmed);

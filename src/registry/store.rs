@@ -1,5 +1,6 @@
 //! The store: the registry's narrow write interface. Every mutation a client is told
-//! succeeded goes through here, so durable storage (and later etcd) sits behind one seam.
+//! succeeded goes through here, so durable storage (redb, or etcd with `--store etcd`) sits
+//! behind one seam.
 //!
 //! Register and deregister hold a per-id stripe lock. A registration is committed first and
 //! applied in memory after (nothing is seen before it is durable); a deregistration hides
@@ -21,13 +22,24 @@ pub enum StoreError {
     Full(#[from] RegistryError),
     #[error("durable storage is unavailable: {0}")]
     Unavailable(String),
+    /// The write was sent but its result never came back (a timeout): it may still take
+    /// effect. Registering again is safe (R2).
+    #[error("the outcome is unknown: {0}")]
+    OutcomeUnknown(String),
+}
+
+/// Where the registry is kept.
+enum Backend {
+    Disk(Disk),
+    #[cfg(feature = "etcd")]
+    Etcd(Arc<super::etcd::Etcd>),
 }
 
 const STRIPES: usize = 1024;
 
 pub struct Store {
     pub registry: Arc<Registry>,
-    disk: Disk,
+    backend: Backend,
     /// Serialises register/deregister per id so an undo never overwrites a later change.
     stripes: Box<[Mutex<()>]>,
     hasher: RandomState,
@@ -35,9 +47,19 @@ pub struct Store {
 
 impl Store {
     pub fn new(registry: Arc<Registry>, disk: Disk) -> Self {
+        Self::with_backend(registry, Backend::Disk(disk))
+    }
+
+    /// Registrations, renewals and removals go through etcd (see [`super::etcd`]).
+    #[cfg(feature = "etcd")]
+    pub fn etcd(registry: Arc<Registry>, etcd: Arc<super::etcd::Etcd>) -> Self {
+        Self::with_backend(registry, Backend::Etcd(etcd))
+    }
+
+    fn with_backend(registry: Arc<Registry>, backend: Backend) -> Self {
         Self {
             registry,
-            disk,
+            backend,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             hasher: RandomState::new(),
         }
@@ -47,8 +69,8 @@ impl Store {
         &self.stripes[self.hasher.hash_one(id) as usize % STRIPES]
     }
 
-    async fn commit(&self, id: &str) -> Result<(), StoreError> {
-        self.disk.write(vec![id.into()]).await.map_err(StoreError::Unavailable)
+    async fn commit(disk: &Disk, id: &str) -> Result<(), StoreError> {
+        disk.write(vec![id.into()]).await.map_err(StoreError::Unavailable)
     }
 
     /// Durable before visible: the instance is committed first and shown only once the
@@ -56,8 +78,15 @@ impl Store {
     /// registration that a `kill -9` could lose, or one answered 503.
     pub async fn register(&self, spec: Spec) -> Result<Registered, StoreError> {
         let _guard = self.stripe(&spec.id).lock().await;
+        // Without the `etcd` feature the disk is the only backend.
+        #[cfg_attr(not(feature = "etcd"), allow(clippy::infallible_destructuring_match))]
+        let disk = match &self.backend {
+            Backend::Disk(disk) => disk,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => return etcd.register(spec).await,
+        };
         let prepared = self.registry.prepare(spec)?;
-        if let Err(e) = self.disk.put(Stored::new(&prepared.instance)).await {
+        if let Err(e) = disk.put(Stored::new(&prepared.instance)).await {
             self.registry.cancel(prepared);
             return Err(StoreError::Unavailable(e));
         }
@@ -66,32 +95,52 @@ impl Store {
         Ok(self.registry.apply(prepared))
     }
 
-    /// Lease renewals are persisted in batches (see [`super::disk`]), never one by one.
-    /// `f` sees the renewed instance.
-    pub fn heartbeat<R>(&self, id: &str, f: impl FnOnce(&Instance) -> R) -> Option<R> {
-        self.registry.heartbeat_with(id, f)
+    /// Lease renewals are persisted in batches (see [`super::disk`]), never one by one, on
+    /// etcd too. `f` sees the renewed instance. An error when etcd is unreachable: the
+    /// renewal could not reach the other nodes.
+    pub fn heartbeat<R>(&self, id: &str, f: impl FnOnce(&Instance) -> R) -> Result<Option<R>, StoreError> {
+        #[cfg(feature = "etcd")]
+        if let Backend::Etcd(etcd) = &self.backend {
+            etcd.writable()?;
+        }
+        Ok(self.registry.heartbeat_with(id, f))
     }
 
     /// True when a live instance was removed.
     pub async fn deregister(&self, id: &str) -> Result<bool, StoreError> {
         let _guard = self.stripe(id).lock().await;
+        // Without the `etcd` feature the disk is the only backend.
+        #[cfg_attr(not(feature = "etcd"), allow(clippy::infallible_destructuring_match))]
+        let disk = match &self.backend {
+            Backend::Disk(disk) => disk,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => return etcd.deregister(id).await,
+        };
         let Some(removed) = self.registry.deregister(id) else {
             return Ok(false);
         };
-        if let Err(e) = self.commit(id).await {
+        if let Err(e) = Self::commit(disk, id).await {
             self.registry.put_back(removed, 0);
             return Err(e);
         }
         Ok(true)
     }
 
-    /// The disk's state, for `/healthz`.
+    /// The disk's state, for `/healthz`; on etcd, the state of the connection to it.
     pub fn disk_status(&self) -> super::disk::DiskStatus {
-        self.disk.status()
+        match &self.backend {
+            Backend::Disk(disk) => disk.status(),
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => etcd.status(),
+        }
     }
 
     /// Writes everything still pending and stops the writer; an error if that failed.
     pub async fn close(&self) -> Result<(), String> {
-        self.disk.close().await
+        match &self.backend {
+            Backend::Disk(disk) => disk.close().await,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => etcd.close().await,
+        }
     }
 }

@@ -13,6 +13,7 @@ mod clients;
 mod concurrency;
 mod deploy;
 mod dns;
+mod etcd;
 mod export;
 mod fuzz_regressions;
 mod hardening;

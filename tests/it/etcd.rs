@@ -1,0 +1,883 @@
+//! Several nodes on etcd (`--store etcd`), end to end: a real 3-member etcd cluster
+//! (Debian's etcd-server) and 3 koder-dns child processes, all on ephemeral loopback ports,
+//! with faults injected by killing processes.
+//!
+//! The binary under test must be built with `--features etcd` (tests/run.sh does); without
+//! it these tests fail at the first node's start with the message telling how to build one.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+use serde_json::{Value, json};
+
+use crate::child::{KEY, Proc, launch_ok};
+use crate::common;
+
+const ETCD: &str = "/usr/bin/etcd";
+const SECOND: i64 = 1_000_000_000;
+
+/// The etcd tests start 3 etcd members and 3 nodes each: one at a time, so that two of them
+/// never share the machine's two cores.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Member {
+    name: String,
+    client: u16,
+    peer: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// A 3-member etcd cluster on loopback, killed when dropped.
+struct Cluster {
+    members: Vec<Member>,
+    initial: String,
+    _tmp: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start() -> Self {
+        assert!(
+            Path::new(ETCD).exists(),
+            "{ETCD} is missing: install Debian's etcd-server (tests/run.sh does)"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let members: Vec<Member> = (0..3)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client: free_port(),
+                peer: free_port(),
+                dir: tmp.path().join(format!("m{i}")),
+                child: None,
+            })
+            .collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Self {
+            members,
+            initial,
+            _tmp: tmp,
+        };
+        for i in 0..3 {
+            cluster.spawn(i);
+        }
+        cluster.wait_healthy().await;
+        cluster
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let m = &self.members[i];
+        let client = format!("http://127.0.0.1:{}", m.client);
+        let peer = format!("http://127.0.0.1:{}", m.peer);
+        let log = std::fs::File::create(m.dir.with_extension("log")).unwrap();
+        let child = Command::new(ETCD)
+            .args(["--name", &m.name])
+            .arg("--data-dir")
+            .arg(&m.dir)
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial, "--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", "koder-dns-test"])
+            // Fast elections, so a killed member is replaced within a second.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn etcd");
+        self.members[i].child = Some(child);
+    }
+
+    fn endpoints(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.client))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// Waits until every running member reports itself healthy (it has a leader).
+    async fn wait_healthy(&self) {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for m in self.members.iter().filter(|m| m.child.is_some()) {
+            loop {
+                let url = format!("http://127.0.0.1:{}/health", m.client);
+                if let Ok(r) = client.get(&url).send().await
+                    && r.text().await.unwrap_or_default().contains("true")
+                {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "etcd member {} not healthy within 20s; its log:\n{}",
+                    m.name,
+                    std::fs::read_to_string(m.dir.with_extension("log")).unwrap_or_default()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}
+
+/// The settings every node of a test runs with: short leases and batches, so expiry and
+/// renewals show within seconds.
+fn node_args<'a>(endpoints: &'a str, prefix: &'a str) -> Vec<&'a str> {
+    vec![
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        endpoints,
+        "--etcd-prefix",
+        prefix,
+        "--persist-interval",
+        "200ms",
+        "--reaper-interval",
+        "300ms",
+        "--min-ttl",
+        "1s",
+    ]
+}
+
+async fn node(dir: &Path, endpoints: &str, prefix: &str) -> Proc {
+    launch_ok(dir, &node_args(endpoints, prefix)).await
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(128)
+        .build()
+        .unwrap()
+}
+
+async fn post(client: &reqwest::Client, node: &Proc, path: &str, body: &Value) -> (u16, Value) {
+    let response = client
+        .post(format!("{}/api/v1{path}", node.base()))
+        .header("X-API-Key", KEY)
+        .json(body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+async fn listed(client: &reqwest::Client, node: &Proc) -> BTreeMap<String, Value> {
+    let response = client
+        .get(format!("{}/api/v1/services?detail=1", node.base()))
+        .header("X-API-Key", KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    body["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["id"].as_str().unwrap().to_owned(), i.clone()))
+        .collect()
+}
+
+async fn healthz(client: &reqwest::Client, node: &Proc) -> Value {
+    client
+        .get(format!("{}/healthz", node.base()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// SRV answers for `_<service>._tcp`.
+async fn srv(dns: SocketAddr, service: &str) -> usize {
+    let name = format!("_{service}._tcp.service.koder.");
+    let reply = common::tcp_query(dns, &common::query_message(&name, RecordType::SRV, Some(1232))).await;
+    match reply.metadata.response_code {
+        ResponseCode::NoError => reply.answers.len(),
+        _ => 0,
+    }
+}
+
+/// Polls until `cond` holds; returns how long that took, or panics naming `what`.
+async fn until<F: AsyncFn() -> bool>(what: &str, within: Duration, cond: F) -> Duration {
+    let started = Instant::now();
+    loop {
+        if cond().await {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn instance(id: &str, service: &str, i: usize, ttl_ns: i64) -> Value {
+    json!({
+        "id": id,
+        "name": service,
+        "address": format!("10.7.{}.{}", i / 250, i % 250 + 1),
+        "port": 9000 + i % 1000,
+        "ttl_ns": ttl_ns,
+    })
+}
+
+struct Nodes {
+    procs: Vec<Proc>,
+    dirs: Vec<PathBuf>,
+    _tmp: tempfile::TempDir,
+}
+
+async fn nodes(cluster: &Cluster, prefix: &str) -> Nodes {
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs: Vec<PathBuf> = (0..3).map(|i| tmp.path().join(format!("n{i}"))).collect();
+    let endpoints = cluster.endpoints();
+    let mut procs = Vec::new();
+    for dir in &dirs {
+        procs.push(node(dir, &endpoints, prefix).await);
+    }
+    Nodes { procs, dirs, _tmp: tmp }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn a_registration_on_one_node_is_served_by_every_node_and_changes_through_any() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let n = nodes(&cluster, "/t1/").await;
+    let client = client();
+    let (a, b, c) = (&n.procs[0], &n.procs[1], &n.procs[2]);
+
+    // Propagation: 200 on node 1, then the DNS answer on nodes 2 and 3.
+    let mut delays = Vec::new();
+    for i in 0..20 {
+        let service = format!("prop{i}");
+        let (status, body) = post(
+            &client,
+            a,
+            "/services/register",
+            &instance(&service, &service, i, 60 * SECOND),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["created"], true);
+        // Read-your-writes on the node that answered.
+        assert_eq!(
+            srv(a.dns, &service).await,
+            1,
+            "node 1 answers its own registration at once"
+        );
+        let started = Instant::now();
+        until("node 3 answers", Duration::from_secs(2), async || {
+            srv(c.dns, &service).await == 1
+        })
+        .await;
+        delays.push(started.elapsed());
+        until("node 2 answers", Duration::from_secs(2), async || {
+            srv(b.dns, &service).await == 1
+        })
+        .await;
+    }
+    delays.sort();
+    eprintln!(
+        "propagation 200 on node 1 -> DNS on node 3: p50 {:?}, max {:?}",
+        delays[delays.len() / 2],
+        delays[delays.len() - 1]
+    );
+
+    // Re-registration through another node keeps registered_at and says created: false.
+    let first = listed(&client, a).await["prop0"].clone();
+    let (status, body) = post(
+        &client,
+        b,
+        "/services/register",
+        &instance("prop0", "prop0", 0, 60 * SECOND),
+    )
+    .await;
+    assert_eq!((status, body["created"].clone()), (200, json!(false)), "{body}");
+    let again = listed(&client, c).await;
+    until("node 3 sees the re-registration", Duration::from_secs(2), async || {
+        listed(&client, c).await["prop0"]["updated_at"] != first["updated_at"]
+    })
+    .await;
+    assert_eq!(again["prop0"]["registered_at"], first["registered_at"]);
+
+    // Heartbeat through node 2 of an instance registered on node 1.
+    let (status, body) = post(&client, b, "/services/heartbeat", &json!({"id": "prop1"})).await;
+    assert_eq!(status, 200, "{body}");
+    // Deregistration through node 3; gone from node 3 at once, from the others soon.
+    let (status, body) = post(&client, c, "/services/deregister", &json!({"id": "prop1"})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        srv(c.dns, "prop1").await,
+        0,
+        "node 3 no longer answers what it deregistered"
+    );
+    for node in [a, b] {
+        until(
+            "the deregistration reaches every node",
+            Duration::from_secs(2),
+            async || srv(node.dns, "prop1").await == 0,
+        )
+        .await;
+    }
+    let (status, _) = post(&client, a, "/services/heartbeat", &json!({"id": "prop1"})).await;
+    assert_eq!(
+        status, 410,
+        "a heartbeat after the deregistration is gone on every node"
+    );
+
+    // The revision is etcd's: the same SOA serial on every node once the watches caught up.
+    until("the same serial everywhere", Duration::from_secs(2), async || {
+        let mut serials = BTreeSet::new();
+        for node in [a, b, c] {
+            serials.insert(soa_serial(node.dns).await);
+        }
+        serials.len() == 1
+    })
+    .await;
+}
+
+async fn soa_serial(dns: SocketAddr) -> u32 {
+    let reply = common::tcp_query(
+        dns,
+        &common::query_message("service.koder.", RecordType::SOA, Some(1232)),
+    )
+    .await;
+    match reply.answers.first().map(|r| &r.data) {
+        Some(hickory_proto::rr::RData::SOA(soa)) => soa.serial,
+        other => panic!("expected the SOA, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn an_expired_instance_is_hidden_everywhere_and_deleted_once() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let n = nodes(&cluster, "/t2/").await;
+    let client = client();
+    let (status, body) = post(
+        &client,
+        &n.procs[0],
+        "/services/register",
+        &instance("short", "short", 0, SECOND),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    for node in &n.procs {
+        until("every node serves it", Duration::from_secs(2), async || {
+            srv(node.dns, "short").await == 1
+        })
+        .await;
+    }
+    // Its lease (1s, + the 200ms batch as grace on the nodes that did not take it) ends.
+    for node in &n.procs {
+        until("every node hides it", Duration::from_secs(3), async || {
+            srv(node.dns, "short").await == 0
+        })
+        .await;
+    }
+    // One node deletes the key; the delete reaches every node: the log of each says so.
+    until("one delete from etcd", Duration::from_secs(5), async || {
+        n.procs
+            .iter()
+            .map(|p| p.stderr().matches("expired instances deleted from etcd").count())
+            .sum::<usize>()
+            == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let deletes: usize = n
+        .procs
+        .iter()
+        .map(|p| p.stderr().matches("expired instances deleted from etcd").count())
+        .sum();
+    assert_eq!(deletes, 1, "exactly one delete across the nodes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn kill_9_of_a_node_under_concurrent_registrations_loses_no_acknowledged_one() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let mut n = nodes(&cluster, "/t3/").await;
+    let client = client();
+    let bases: Vec<String> = n.procs.iter().map(|p| p.base()).collect();
+    // 64 clients, spread over nodes 1 and 2; node 1 is killed mid-way.
+    let acked = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..64 {
+        let (client, acked, base) = (client.clone(), acked.clone(), bases[t % 2].clone());
+        tasks.spawn(async move {
+            for k in 0..1000 {
+                let id = format!("load-{t}-{k}");
+                let body = instance(&id, &format!("load{}", t % 8), t * 1000 + k, 120 * SECOND);
+                let sent = client
+                    .post(format!("{base}/api/v1/services/register"))
+                    .header("X-API-Key", KEY)
+                    .json(&body)
+                    .send()
+                    .await;
+                match sent {
+                    Ok(r) if r.status() == 200 => {
+                        acked.lock().unwrap().insert(id);
+                    }
+                    // The killed node: connection errors from then on.
+                    _ if t % 2 == 0 => return,
+                    Ok(r) => panic!("node 2 answered {} during node 1's death", r.status()),
+                    Err(e) => panic!("node 2: {e}"),
+                }
+                if k >= 30 && t % 2 == 1 {
+                    return;
+                }
+            }
+        });
+    }
+    until("some registrations", Duration::from_secs(20), async || {
+        acked.lock().unwrap().len() >= 300
+    })
+    .await;
+    n.procs.remove(0).kill9();
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+    eprintln!("{} registrations acknowledged", acked.len());
+    // The restarted node loads everything from etcd; the survivors hold it too.
+    let restarted = node(&n.dirs[0], &cluster.endpoints(), "/t3/").await;
+    for node in [&restarted, &n.procs[0], &n.procs[1]] {
+        let listed = listed(&client, node).await;
+        let missing: Vec<&String> = acked.iter().filter(|id| !listed.contains_key(*id)).collect();
+        assert!(
+            missing.is_empty(),
+            "{} acknowledged registrations missing: {:?}",
+            missing.len(),
+            &missing[..missing.len().min(5)]
+        );
+    }
+    // And it follows changes made after its start.
+    let (status, _) = post(
+        &client,
+        &n.procs[1],
+        "/services/register",
+        &instance("after", "after", 0, 60 * SECOND),
+    )
+    .await;
+    assert_eq!(status, 200);
+    until("the restarted node follows", Duration::from_secs(2), async || {
+        srv(restarted.dns, "after").await == 1
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn one_etcd_member_killed_writes_go_on() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::start().await;
+    let n = nodes(&cluster, "/t4/").await;
+    let client = client();
+    cluster.kill(0);
+    // A leader election may be under way for up to a second: retry 503s for a while.
+    for (i, node) in n.procs.iter().enumerate() {
+        let id = format!("survivor{i}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (status, body) = post(
+                &client,
+                node,
+                "/services/register",
+                &instance(&id, "survivor", i, 60 * SECOND),
+            )
+            .await;
+            if status == 200 {
+                break;
+            }
+            assert!(status == 503 && Instant::now() < deadline, "node {i}: {status} {body}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for node in &n.procs {
+        until("every node serves all three", Duration::from_secs(3), async || {
+            srv(node.dns, "survivor").await == 3
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn etcd_down_reads_go_on_writes_get_503_nothing_expires_and_all_recovers() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::start().await;
+    let n = nodes(&cluster, "/t5/").await;
+    let client = client();
+    let ttl = 2 * SECOND;
+    for (i, node) in n.procs.iter().enumerate() {
+        let (status, body) = post(
+            &client,
+            node,
+            "/services/register",
+            &instance(&format!("kept{i}"), "kept", i, ttl),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    for node in &n.procs {
+        until("every node serves all three", Duration::from_secs(3), async || {
+            srv(node.dns, "kept").await == 3
+        })
+        .await;
+    }
+    for i in 0..3 {
+        cluster.kill(i);
+    }
+    for node in &n.procs {
+        until(
+            "/healthz says etcd is unreachable",
+            Duration::from_secs(5),
+            async || healthz(&client, node).await["disk"]["state"] == "unreachable",
+        )
+        .await;
+    }
+    // Writes and heartbeats 503; reads go on, for twice the TTL and more.
+    let (status, body) = post(
+        &client,
+        &n.procs[0],
+        "/services/register",
+        &instance("new", "new", 0, ttl),
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    let (status, _) = post(&client, &n.procs[1], "/services/heartbeat", &json!({"id": "kept1"})).await;
+    assert_eq!(status, 503);
+    let (status, _) = post(&client, &n.procs[2], "/services/deregister", &json!({"id": "kept2"})).await;
+    assert_eq!(status, 503);
+    let until_at = Instant::now() + Duration::from_nanos(2 * ttl as u64 + 500_000_000);
+    while Instant::now() < until_at {
+        for node in &n.procs {
+            assert_eq!(srv(node.dns, "kept").await, 3, "nothing expires while etcd is down");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in 0..3 {
+        cluster.spawn(i);
+    }
+    cluster.wait_healthy().await;
+    for (i, node) in n.procs.iter().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, body) = post(&client, node, "/services/heartbeat", &json!({"id": format!("kept{i}")})).await;
+            if status == 200 {
+                break;
+            }
+            assert!(
+                status == 503 && Instant::now() < deadline,
+                "node {i} after etcd came back: {status} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let (status, body) = post(
+        &client,
+        &n.procs[0],
+        "/services/register",
+        &instance("new", "new", 0, ttl),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    for node in &n.procs {
+        until("the new one everywhere", Duration::from_secs(3), async || {
+            srv(node.dns, "new").await == 1
+        })
+        .await;
+        assert_eq!(srv(node.dns, "kept").await, 3);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn migrate_copies_a_redb_registry_and_refuses_a_used_prefix() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let client = client();
+    let tmp = tempfile::tempdir().unwrap();
+    let redb = tmp.path().join("redb");
+    let single = launch_ok(&redb, &[]).await;
+    for i in 0..3 {
+        let (status, _) = post(
+            &client,
+            &single,
+            "/services/register",
+            &instance(&format!("m{i}"), "moved", i, 60 * SECOND),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    let (status, _) = single.terminate().await;
+    assert!(status.success());
+    let migrate = |force: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_koder-dns"));
+        cmd.args(["migrate", "--to-etcd", "--etcd-prefix", "/t6/", "--etcd-endpoints"])
+            .arg(cluster.endpoints())
+            .arg("--data-dir")
+            .arg(&redb)
+            .env_remove("KODER_DNS_ETCD_ENDPOINTS");
+        if force {
+            cmd.arg("--force");
+        }
+        cmd.output().expect("run migrate")
+    };
+    let out = migrate(false);
+    assert!(
+        out.status.success(),
+        "migrate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("copied 3 instances"));
+    let again = migrate(false);
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("--force"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let forced = migrate(true);
+    assert!(forced.status.success(), "{}", String::from_utf8_lossy(&forced.stderr));
+    let node = node(&tmp.path().join("node"), &cluster.endpoints(), "/t6/").await;
+    let listed = listed(&client, &node).await;
+    assert_eq!(listed.keys().cloned().collect::<Vec<_>>(), ["m0", "m1", "m2"]);
+    assert_eq!(srv(node.dns, "moved").await, 3);
+}
+
+/// A build without the feature refuses `--store etcd` at start, saying how to build a
+/// cluster node (tests/run.sh runs this one in a default build).
+#[cfg(not(feature = "etcd"))]
+#[tokio::test]
+async fn without_the_feature_store_etcd_is_refused_with_the_build_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (status, stderr) = crate::child::launch_refused(tmp.path(), &node_args("http://127.0.0.1:1", "/x/")).await;
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--features etcd"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn heartbeats_on_one_node_keep_the_instance_alive_on_every_node() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let n = nodes(&cluster, "/t7/").await;
+    let client = client();
+    let (status, body) = post(
+        &client,
+        &n.procs[0],
+        "/services/register",
+        &instance("beating", "beating", 0, 2 * SECOND),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // Heart-beat through node 2 only, for more than twice the TTL: every node keeps serving it.
+    let until_at = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until_at {
+        let (status, body) = post(&client, &n.procs[1], "/services/heartbeat", &json!({"id": "beating"})).await;
+        assert_eq!(status, 200, "{body}");
+        for node in &n.procs {
+            assert_eq!(
+                srv(node.dns, "beating").await,
+                1,
+                "served everywhere while heart-beaten elsewhere"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Silence: every node hides it within TTL + one batch (+ slack), and it is deleted once.
+    for node in &n.procs {
+        until("hidden after its lease", Duration::from_secs(4), async || {
+            srv(node.dns, "beating").await == 0
+        })
+        .await;
+    }
+}
+
+/// The history checker: clients each own a few ids and change them (register, deregister,
+/// re-register) through random nodes while a koder-dns node is killed and an etcd member is
+/// killed; every acknowledged operation is then checked against the final state on every
+/// node: no acknowledged write lost, no acknowledged deregistration resurrected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn history_of_acknowledged_operations_holds_on_every_node_through_faults() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::start().await;
+    let mut n = nodes(&cluster, "/t8/").await;
+    let client = client();
+    let bases: Arc<Vec<String>> = Arc::new(n.procs.iter().map(|p| p.base()).collect());
+    /// Per id: the last acknowledged operation (true = registered), and whether an
+    /// unacknowledged one came after it (then either state is allowed).
+    type History = BTreeMap<String, (Option<bool>, bool)>;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..16 {
+        let (client, bases, stop) = (client.clone(), bases.clone(), stop.clone());
+        tasks.spawn(async move {
+            let mut history = History::new();
+            let mut step = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let id = format!("h-{t}-{}", fastrand::usize(..4));
+                let register = fastrand::bool();
+                let base = &bases[fastrand::usize(..bases.len())];
+                let (path, body) = if register {
+                    ("register", instance(&id, "hist", t * 4 + step % 4, 120 * SECOND))
+                } else {
+                    ("deregister", json!({ "id": id }))
+                };
+                step += 1;
+                let sent = client
+                    .post(format!("{base}/api/v1/services/{path}"))
+                    .header("X-API-Key", KEY)
+                    .json(&body)
+                    .send()
+                    .await;
+                let entry = history.entry(id).or_insert((None, false));
+                match sent.map(|r| r.status().as_u16()) {
+                    Ok(200) => *entry = (Some(register), false),
+                    // Deregistering what is not there: it is not there (acknowledged).
+                    Ok(404) if !register => *entry = (Some(false), false),
+                    // The killed node: a refused connection carried nothing.
+                    Err(e) if e.is_connect() => {}
+                    // A 503 or an unknown outcome: either state may follow.
+                    _ => entry.1 = true,
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            history
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    n.procs.remove(2).kill9();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.kill(1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut history = History::new();
+    while let Some(r) = tasks.join_next().await {
+        history.extend(r.unwrap());
+    }
+    let restarted = node(&n.dirs[2], &cluster.endpoints(), "/t8/").await;
+    n.procs.push(restarted);
+    let checked = history
+        .values()
+        .filter(|(acked, unknown)| acked.is_some() && !unknown)
+        .count();
+    assert!(checked >= 32, "too few acknowledged operations to check: {checked}");
+    // Every node's watch catches up: a marker written last is seen everywhere first.
+    let (status, body) = post(
+        &client,
+        &n.procs[0],
+        "/services/register",
+        &instance("marker", "marker", 0, 60 * SECOND),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    for node in &n.procs {
+        until("the marker everywhere", Duration::from_secs(3), async || {
+            srv(node.dns, "marker").await == 1
+        })
+        .await;
+        let listed = listed(&client, node).await;
+        for (id, (acked, unknown)) in &history {
+            if *unknown {
+                continue;
+            }
+            if let Some(registered) = acked {
+                assert_eq!(
+                    listed.contains_key(id),
+                    *registered,
+                    "{id}: last acknowledged operation was {}, node {} disagrees",
+                    if *registered { "register" } else { "deregister" },
+                    node.base()
+                );
+            }
+        }
+    }
+}
+
+/// Every node down for longer than the leases: on restart, the leases that ran out while
+/// no node could take a heartbeat are parked (unserved), not deleted, so a registrant that
+/// kept heart-beating gets 200, not 410, and is served again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn every_node_down_longer_than_the_ttl_is_no_410_storm() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let mut n = nodes(&cluster, "/t9/").await;
+    let client = client();
+    let (status, body) = post(
+        &client,
+        &n.procs[0],
+        "/services/register",
+        &instance("patient", "patient", 0, 2 * SECOND),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // Let the leader stamp its last run after the registration.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    for proc in n.procs.drain(..) {
+        proc.kill9();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let first = node(&n.dirs[0], &cluster.endpoints(), "/t9/").await;
+    let (status, body) = post(&client, &first, "/services/heartbeat", &json!({"id": "patient"})).await;
+    assert_eq!(
+        status, 200,
+        "a heartbeat after a cluster-wide outage is not 410: {body}"
+    );
+    assert_eq!(
+        srv(first.dns, "patient").await,
+        1,
+        "confirmed by its heartbeat, served again"
+    );
+    let second = node(&n.dirs[1], &cluster.endpoints(), "/t9/").await;
+    until("the other node serves it too", Duration::from_secs(2), async || {
+        srv(second.dns, "patient").await == 1
+    })
+    .await;
+}
