@@ -269,6 +269,35 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .block_on(f)
 }
 
+/// `koder-dns migrate --to-etcd`: exit 0 copied, 1 refused or failed, 2 bad arguments.
+pub fn migrate(args: crate::cluster::MigrateArgs) -> std::process::ExitCode {
+    #[cfg(feature = "etcd")]
+    {
+        let copied = block_on(crate::registry::etcd::migrate(
+            &args.data_dir,
+            &args.etcd_endpoints,
+            &args.etcd_prefix,
+            args.force,
+        ));
+        match copied {
+            Ok(copied) => {
+                println!("copied {copied} instances into etcd under {}", args.etcd_prefix);
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("koder-dns migrate: {e:#}");
+                std::process::ExitCode::from(1)
+            }
+        }
+    }
+    #[cfg(not(feature = "etcd"))]
+    {
+        let _ = args;
+        eprintln!("koder-dns migrate: {}", crate::cluster::NO_ETCD);
+        std::process::ExitCode::from(1)
+    }
+}
+
 /// `koder-dns export`: exit 0 written, 2 error.
 pub fn export(args: ExportArgs) -> std::process::ExitCode {
     let result = block_on(async {

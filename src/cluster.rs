@@ -1,5 +1,5 @@
 //! Several nodes on etcd: the settings every build knows (`--store`, `--etcd-*`), and
-//! `koder-dns migrate`. The etcd client itself is in [`crate::registry::etcd`], compiled only
+//! the arguments of `koder-dns migrate` (run by [`crate::cli::migrate`]). The etcd client itself is in [`crate::registry::etcd`], compiled only
 //! with the cargo feature `etcd`: its build script needs `protoc`, and the default build
 //! (one node on redb) must build on a machine with nothing installed.
 
@@ -78,31 +78,4 @@ pub struct MigrateArgs {
     /// Replace what the prefix holds instead of refusing.
     #[arg(long)]
     pub force: bool,
-}
-
-/// `koder-dns migrate --to-etcd`: exit 0 copied, 1 refused or failed, 2 bad arguments.
-pub fn migrate(args: MigrateArgs) -> std::process::ExitCode {
-    #[cfg(feature = "etcd")]
-    {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
-        match runtime.block_on(crate::registry::etcd::migrate(&args)) {
-            Ok(copied) => {
-                println!("copied {copied} instances into etcd under {}", args.etcd_prefix);
-                std::process::ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("koder-dns migrate: {e:#}");
-                std::process::ExitCode::from(1)
-            }
-        }
-    }
-    #[cfg(not(feature = "etcd"))]
-    {
-        let _ = args;
-        eprintln!("koder-dns migrate: {NO_ETCD}");
-        std::process::ExitCode::from(1)
-    }
 }

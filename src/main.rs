@@ -10,6 +10,6 @@ fn main() -> ExitCode {
         Command::Drift(args) => koder_dns::cli::drift(args),
         Command::Agent(args) => koder_dns::cli::agent(args),
         Command::Conformance(args) => koder_dns::cli::conformance(args),
-        Command::Migrate(args) => koder_dns::cluster::migrate(args),
+        Command::Migrate(args) => koder_dns::cli::migrate(args),
     }
 }

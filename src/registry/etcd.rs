@@ -808,33 +808,38 @@ impl Etcd {
 /// `koder-dns migrate --to-etcd`: copies the redb registry under `--data-dir` into etcd,
 /// every instance stamped as renewed now (its registrant could not heart-beat while the
 /// registry was being moved: it gets one full lease on the new one). Returns how many.
-pub async fn migrate(args: &crate::cluster::MigrateArgs) -> anyhow::Result<usize> {
-    let dir = args.data_dir.clone();
+pub async fn migrate(
+    data_dir: &std::path::Path,
+    endpoints: &[String],
+    prefix: &str,
+    force: bool,
+) -> anyhow::Result<usize> {
+    let dir = data_dir.to_owned();
     let (db, path, loaded) = tokio::task::spawn_blocking(move || super::disk::open(&dir)).await??;
     drop(db);
-    let mut client = connect(&args.etcd_endpoints).await?;
+    let mut client = connect(endpoints).await?;
     let held = client
         .get(
-            args.etcd_prefix.clone(),
+            prefix.to_owned(),
             Some(GetOptions::new().with_prefix().with_count_only()),
         )
         .await
         .context("cannot read etcd")?
         .count();
     if held > 0 {
-        if !args.force {
+        if !force {
             anyhow::bail!(
                 "etcd already holds {held} keys under {}: a registry is there; pass --force to replace it",
-                args.etcd_prefix
+                prefix
             );
         }
         client
-            .delete(args.etcd_prefix.clone(), Some(DeleteOptions::new().with_prefix()))
+            .delete(prefix.to_owned(), Some(DeleteOptions::new().with_prefix()))
             .await
             .context("cannot clear the prefix")?;
     }
     let now = crate::model::clock::Clock::now(&crate::model::clock::SystemClock);
-    let instances = format!("{}instances/", args.etcd_prefix);
+    let instances = format!("{}instances/", prefix);
     let total = loaded.instances.len();
     for chunk in loaded.instances.chunks(TXN_RENEWALS) {
         let puts: Vec<TxnOp> = chunk
