@@ -14,16 +14,18 @@ use koder_dns::dns::Authority;
 use koder_dns::dns::answer::ZoneAnswerer;
 use koder_dns::model::check::CheckKind;
 use koder_dns::model::clock::SystemClock;
-use koder_dns::model::instance::Registration;
+use koder_dns::model::instance::Instance;
 use koder_dns::registry::{Registry, Settings};
 use koder_dns::zone::records::ZoneNames;
 
 fn register(registry: &Registry, service: &str, n: usize) {
     for i in 0..n {
-        let spec = Registration {
-            name: Some(service.into()),
-            address: Some(format!("10.{}.{}.{}", i / 62500 % 250, i / 250 % 250, i % 250 + 1)),
-            port: Some(8000),
+        let spec = Instance {
+            name: service.into(),
+            address: format!("10.{}.{}.{}", i / 62500 % 250, i / 250 % 250, i % 250 + 1)
+                .parse()
+                .unwrap(),
+            port: 8000,
             ..Default::default()
         };
         registry.register(spec.validate().unwrap()).unwrap();

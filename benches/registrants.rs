@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use koder_dns::client::{Client, Registrant, Registration};
+use koder_dns::client::{Client, Instance, Registrant};
 use koder_dns::config::Config;
 
 const KEY: &str = "bench-key-0123456789abcdef";
@@ -102,12 +102,12 @@ async fn main() -> anyhow::Result<()> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
     for i in 0..n {
-        let registration = Registration {
-            id: Some(format!("bench-{i}")),
-            name: "bench".to_owned(),
-            address: "127.0.0.1".to_owned(),
+        let registration = Instance {
+            id: format!("bench-{i}").into(),
+            name: "bench".into(),
+            address: "127.0.0.1".parse().unwrap(),
             port: 1 + (i % 65000) as u16,
-            ..Registration::default()
+            ..Instance::default()
         };
         let mut stopped = stopped.clone();
         tasks.push(tokio::spawn(Registrant::new(client.clone(), registration, ttl).run(

@@ -6,20 +6,17 @@ use std::sync::Arc;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use koder_dns::model::check::CheckKind;
 use koder_dns::model::clock::SystemClock;
-use koder_dns::model::instance::{Registration, Spec};
+use koder_dns::model::instance::{Instance, Validated};
 use koder_dns::registry::{Registry, Settings};
 use koder_dns::zone::records::ZoneNames;
 
-pub fn spec(service: usize, instance: usize) -> Spec {
-    Registration {
-        name: Some(format!("svc{service}")),
-        address: Some(format!(
-            "10.{}.{}.{}",
-            service / 250 % 250,
-            service % 250,
-            instance % 250 + 1
-        )),
-        port: Some(8000 + instance as i64),
+pub fn spec(service: usize, instance: usize) -> Validated {
+    Instance {
+        name: format!("svc{service}").into(),
+        address: format!("10.{}.{}.{}", service / 250 % 250, service % 250, instance % 250 + 1)
+            .parse()
+            .unwrap(),
+        port: 8000 + instance as u16,
         ..Default::default()
     }
     .validate()

@@ -378,15 +378,15 @@ pub fn agent(args: AgentArgs) -> std::process::ExitCode {
         };
         anyhow::ensure!(!key.is_empty(), "no API key: set KODER_DNS_API_KEY or --api-key-file");
         let client = crate::client::Client::new(args.url, key, Duration::from_secs(10))?;
-        let registration = crate::client::Registration {
-            id: args.id,
-            name: args.name,
-            address: args.address,
+        let registration = crate::client::Instance {
+            id: args.id.unwrap_or_default().into(),
+            name: args.name.into(),
+            address: args.address.parse().map_err(|e| anyhow::anyhow!("--address: {e}"))?,
             port: args.port,
-            protocol: args.protocol,
+            protocol: args.protocol.unwrap_or_default().into(),
             tags: args.tags,
             metadata: args.meta.into_iter().collect(),
-            ttl_ns: 0,
+            ..Default::default()
         };
         let registrant = crate::client::Registrant::new(std::sync::Arc::new(client), registration, args.ttl);
         // Handlers installed before the first request, so an early SIGTERM still deregisters.

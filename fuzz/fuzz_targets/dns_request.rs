@@ -19,10 +19,10 @@ use hickory_proto::rr::Record;
 use hickory_server::net::xfer::Protocol;
 use hickory_server::server::Request;
 use koder_dns::dns::answer::ZoneAnswerer;
-use koder_dns::zone::records::ZoneNames;
 use koder_dns::dns::{Authority, MAX_UDP_PAYLOAD, handle_bytes, handle_full, handle_prepared};
+use koder_dns::model::instance::Instance;
 use koder_dns::registry::Registry;
-use koder_dns::model::instance::Registration;
+use koder_dns::zone::records::ZoneNames;
 use libfuzzer_sys::fuzz_target;
 
 struct World {
@@ -30,12 +30,12 @@ struct World {
     authority: Authority,
 }
 
-fn reg(id: &str, name: &str, address: &str, port: i64) -> Registration {
-    Registration {
-        id: Some(id.into()),
-        name: Some(name.into()),
-        address: Some(address.into()),
-        port: Some(port),
+fn reg(id: &str, name: &str, address: &str, port: u16) -> Instance {
+    Instance {
+        id: id.into(),
+        name: name.into(),
+        address: address.parse().unwrap(),
+        port,
         ..Default::default()
     }
 }
@@ -55,23 +55,22 @@ fn world() -> &'static World {
             reg("voice-2", "voice", "10.0.0.2", 5060),
             reg("voice-6", "voice", "2001:db8::6", 5060),
             reg("api-host", "api", "API.Internal.Example.", 443),
-            Registration {
-                protocol: Some("udp".into()),
+            Instance {
+                protocol: "udp".into(),
                 ..reg("voice-udp", "voice", "10.0.0.3", 5061)
             },
-            Registration {
-                healthy: Some(false),
+            Instance {
+                healthy: false,
                 ..reg("sick", "sick", "10.0.0.9", 9)
             },
-            Registration {
-                metadata: Some(
-                    [
-                        ("jet.domain".to_owned(), "voice.koder.dev".to_owned()),
-                        ("long".to_owned(), "x".repeat(600)),
-                    ]
-                    .into(),
-                ),
-                tags: Some(vec!["service=voice".into(), "container=voice-a".into()]),
+            Instance {
+                metadata: [
+                    ("jet.domain".to_owned(), "voice.koder.dev".to_owned()),
+                    ("long".to_owned(), "x".repeat(600)),
+                ]
+                .into_iter()
+                .collect(),
+                tags: vec!["service=voice".into(), "container=voice-a".into()],
                 ..reg("meta", "meta", "192.0.2.7", 8443)
             },
         ];

@@ -21,7 +21,8 @@ fuzz_target!(|data: &[u8]| {
     };
     let rendered = file.render();
     assert!(rendered.starts_with(HEADER));
-    let again = PortsFile::parse(&rendered).unwrap_or_else(|e| panic!("a rendered file does not parse: {e}\n{rendered}"));
+    let again =
+        PortsFile::parse(&rendered).unwrap_or_else(|e| panic!("a rendered file does not parse: {e}\n{rendered}"));
     assert_eq!(again, file, "render/parse round trip\n{rendered}");
     assert_eq!(again.render(), rendered, "rendering is not stable");
     for (live, reference) in [(&file, &file), (&again, &file), (&file, &again)] {

@@ -12,7 +12,7 @@ use super::AppState;
 use super::auth::Authorized;
 use super::error::{ApiError, ErrorBody};
 use super::services::flag;
-use crate::model::instance::Instance;
+use crate::model::instance::{Address, Instance};
 use crate::registry::Filter;
 
 /// Which instances are targets.
@@ -42,10 +42,9 @@ fn label_name(key: &str) -> String {
 
 /// One group per instance, so each target carries its own labels.
 fn group(instance: &Instance) -> TargetGroup {
-    let host = if instance.address.contains(':') {
-        format!("[{}]", instance.address)
-    } else {
-        instance.address.to_string()
+    let host = match &instance.address {
+        Address::Ip(ip) if ip.is_ipv6() => format!("[{ip}]"),
+        address => address.to_string(),
     };
     let mut labels = BTreeMap::from([
         ("__meta_koder_service".to_owned(), instance.name.to_string()),

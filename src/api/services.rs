@@ -13,7 +13,7 @@ use super::body::JsonBody;
 use super::error::{ApiError, ErrorBody};
 use super::watch::{WatchParams, index_header};
 use crate::metrics;
-use crate::model::instance::{Instance, Registration};
+use crate::model::instance::Instance;
 use crate::registry::Filter;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -38,7 +38,7 @@ impl IdBody {
 }
 
 /// R2: upsert; `created` only on the first registration of a live id.
-#[utoipa::path(post, path = "/api/v1/services/register", tag = "services", request_body = Registration,
+#[utoipa::path(post, path = "/api/v1/services/register", tag = "services", request_body = Instance,
     responses(
         (status = 200, description = "registered (or refreshed), durable", body = RegisterResponse),
         (status = 401, description = "no valid key", body = ErrorBody),
@@ -51,7 +51,7 @@ impl IdBody {
 pub async fn register(
     _: Authorized,
     State(app): State<AppState>,
-    JsonBody(body): JsonBody<Registration>,
+    JsonBody(body): JsonBody<Instance>,
 ) -> Result<Json<RegisterResponse>, ApiError> {
     let result = upsert(app, body).await;
     match &result {
@@ -61,12 +61,12 @@ pub async fn register(
     result
 }
 
-async fn upsert(app: AppState, body: Registration) -> Result<Json<RegisterResponse>, ApiError> {
-    let spec = body.validate()?;
-    app.ttl_bounds.check(spec.ttl_ns)?;
+async fn upsert(app: AppState, body: Instance) -> Result<Json<RegisterResponse>, ApiError> {
+    let new = body.validate()?;
+    app.ttl_bounds.check(new.ttl_ns)?;
     // Run to completion even if the client goes away: a change is committed or undone whole.
     let store = app.store.clone();
-    let registered = tokio::spawn(async move { store.register(spec).await })
+    let registered = tokio::spawn(async move { store.register(new).await })
         .await
         .expect("register does not panic")?;
     Ok(Json(RegisterResponse {

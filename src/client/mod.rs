@@ -13,12 +13,17 @@ mod watcher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 pub use registrant::Registrant;
 pub use watcher::Watcher;
 
 pub use crate::export::routes::{Route, RouteInstance};
+/// What a registrant sends and what the registry answers: the server's own type, so the two
+/// cannot drift apart. Build one with struct update syntax over `Instance::default()`; a
+/// field left at its default takes the registry's default (an empty `id` is
+/// `<name>-<address>-<port>`, an empty `protocol` is `tcp`).
+pub use crate::model::instance::Instance;
 
 /// What a registry answered, sorted by what a caller does about it.
 #[derive(Debug, thiserror::Error)]
@@ -53,45 +58,11 @@ impl Error {
     }
 }
 
-/// An instance to register (R1). Fields left `None` take the registry's defaults.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Registration {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    pub name: String,
-    pub address: String,
-    pub port: u16,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub protocol: Option<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub tags: Vec<String>,
-    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub metadata: std::collections::BTreeMap<String, String>,
-    /// The lease in nanoseconds; 0 takes the registry's default.
-    pub ttl_ns: i64,
-}
-
 /// The answer to a registration.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Registered {
     pub id: String,
     pub created: bool,
-}
-
-/// An instance as the registry serves it (R1); unknown fields are ignored.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-pub struct Instance {
-    pub id: String,
-    pub name: String,
-    pub address: String,
-    pub port: u16,
-    pub protocol: String,
-    pub tags: Vec<String>,
-    pub metadata: std::collections::BTreeMap<String, String>,
-    pub weight: u16,
-    pub priority: u16,
-    pub healthy: bool,
-    pub ttl_ns: i64,
 }
 
 #[derive(Deserialize)]
@@ -129,7 +100,7 @@ impl Client {
     }
 
     /// `POST /services/register`.
-    pub async fn register(&self, registration: &Registration) -> Result<Registered, Error> {
+    pub async fn register(&self, registration: &Instance) -> Result<Registered, Error> {
         let body = serde_json::to_value(registration).expect("a registration serialises");
         self.json(reqwest::Method::POST, "/services/register", Some(&body))
             .await

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Client, Error, Registration};
+use super::{Client, Error, Instance};
 
 /// Registers on start, heart-beats at a third of the TTL (with jitter, so a fleet started
 /// together does not beat together), registers again after `410` (the registry lost or
@@ -13,13 +13,13 @@ use super::{Client, Error, Registration};
 #[derive(Debug, Clone)]
 pub struct Registrant {
     client: Arc<Client>,
-    registration: Registration,
+    registration: Instance,
     ttl: Duration,
 }
 
 impl Registrant {
     /// `ttl` is the lease asked for; it is sent as `ttl_ns` and paces the heartbeats.
-    pub fn new(client: Arc<Client>, mut registration: Registration, ttl: Duration) -> Self {
+    pub fn new(client: Arc<Client>, mut registration: Instance, ttl: Duration) -> Self {
         registration.ttl_ns = i64::try_from(ttl.as_nanos()).unwrap_or(i64::MAX);
         Self {
             client,

@@ -31,10 +31,9 @@ pub struct Settings {
 
 /// What an instance's check would be now; `None` when it is not checked.
 fn target_of(registry: &Registry, id: &str, default: CheckKind) -> Option<Target> {
-    let instance = registry.get(id)?;
-    let spec = CheckSpec::from_labels(&instance.metadata, &instance.tags).ok()?;
-    let kind = spec.effective_kind(default);
-    (kind != CheckKind::None).then(|| Target::new(&instance, &spec, kind))
+    let (instance, check) = registry.get_checked(id)?;
+    let kind = check.effective_kind(default);
+    (kind != CheckKind::None).then(|| Target::new(&instance, &check, kind))
 }
 
 /// Runs until `shutdown`. `events` must be subscribed before instances are registered or

@@ -18,10 +18,9 @@ pub struct Target {
 
 impl Target {
     pub fn new(instance: &Instance, spec: &super::CheckSpec, kind: CheckKind) -> Self {
-        let host = match instance.parsed_address() {
+        let host = match &instance.address {
             Address::Ip(ip) if ip.is_ipv6() => format!("[{ip}]"),
-            Address::Ip(ip) => ip.to_string(),
-            Address::Host(host) => host,
+            address => address.to_string(),
         };
         Self {
             kind,

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -57,6 +58,18 @@ pub struct CheckSpec {
     pub timeout: Duration,
 }
 
+impl Default for CheckSpec {
+    /// What an instance that sets no check label asks for.
+    fn default() -> Self {
+        Self {
+            kind: None,
+            path: DEFAULT_PATH.to_owned(),
+            interval: DEFAULT_INTERVAL,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
 impl CheckSpec {
     pub fn from_labels(metadata: &Metadata, tags: &[String]) -> Result<Self, FieldError> {
         let get = |key: &str| label(metadata, tags, key);
@@ -90,6 +103,12 @@ impl CheckSpec {
             interval: duration("check_interval", DEFAULT_INTERVAL)?,
             timeout: duration("check_timeout", DEFAULT_TIMEOUT)?,
         })
+    }
+
+    /// Shared: the instances that set no check label (most) share one allocation.
+    pub fn shared(self) -> Arc<Self> {
+        static UNSET: std::sync::LazyLock<Arc<CheckSpec>> = std::sync::LazyLock::new(Arc::default);
+        if self == **UNSET { UNSET.clone() } else { Arc::new(self) }
     }
 
     pub fn effective_kind(&self, default: CheckKind) -> CheckKind {

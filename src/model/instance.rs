@@ -9,6 +9,7 @@ use std::sync::Arc;
 use compact_str::CompactString;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::check::CheckSpec;
 use super::clock::{Nanos, parse_rfc3339, rfc3339};
 
 pub const DEFAULT_PROTOCOL: &str = "tcp";
@@ -29,25 +30,42 @@ pub const RESERVED_NAMES: [&str; 2] = ["ns", "addr"];
 /// Metadata key (or `key=value` tag) that opts an instance into edge routing (R5).
 pub const JET_DOMAIN: &str = "jet.domain";
 
-/// A registered instance, as stored and as answered. Every field is always present on the
-/// wire so consumers never have to guess a default.
+/// An instance: what a registrant sends (`POST /services/register`), what the registry
+/// stores and what it answers. One struct, so no field list is written twice.
+///
+/// On the way in every field may be missing or `null`: it takes its default, and
+/// [`Instance::validate`] names what is required. Values are parsed as they are read (the
+/// address into an [`Address`], ports and weights into `u16` with messages naming the
+/// bounds), so a stored instance carries them typed. `registered_at` and `updated_at` are
+/// the registry's stamps: whatever a body carries there is replaced. On the way out every
+/// field is always present, so consumers never have to guess a default.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default)]
 pub struct Instance {
     #[schema(value_type = String)]
+    #[serde(deserialize_with = "lenient::or_default")]
     pub id: CompactString,
     #[schema(value_type = String)]
+    #[serde(deserialize_with = "lenient::or_default")]
     pub name: CompactString,
     #[schema(value_type = String)]
-    pub address: CompactString,
+    pub address: Address,
+    #[serde(deserialize_with = "lenient::port")]
     pub port: u16,
     #[schema(value_type = String)]
+    #[serde(deserialize_with = "lenient::or_default")]
     pub protocol: CompactString,
+    #[serde(deserialize_with = "lenient::or_default")]
     pub tags: Vec<String>,
     #[schema(value_type = std::collections::BTreeMap<String, String>)]
     pub metadata: Metadata,
+    #[serde(deserialize_with = "lenient::weight")]
     pub weight: u16,
+    #[serde(deserialize_with = "lenient::priority")]
     pub priority: u16,
+    #[serde(deserialize_with = "lenient::healthy")]
     pub healthy: bool,
+    #[serde(deserialize_with = "lenient::or_default")]
     pub ttl_ns: i64,
     #[serde(with = "timestamp")]
     #[schema(value_type = String, format = DateTime)]
@@ -57,16 +75,73 @@ pub struct Instance {
     pub updated_at: Nanos,
 }
 
+impl Default for Instance {
+    /// What a registration that says nothing gets: the defaults of R1, no address (which
+    /// validation refuses) and no stamps.
+    fn default() -> Self {
+        Self {
+            id: CompactString::default(),
+            name: CompactString::default(),
+            address: Address::default(),
+            port: 0,
+            protocol: CompactString::default(),
+            tags: Vec::new(),
+            metadata: Metadata::default(),
+            weight: DEFAULT_WEIGHT,
+            priority: DEFAULT_PRIORITY,
+            healthy: true,
+            ttl_ns: 0,
+            registered_at: 0,
+            updated_at: 0,
+        }
+    }
+}
+
 impl Instance {
     /// A label of R5: the metadata entry `key`, else the first `key=value` tag. Metadata wins
     /// where both are given, so an explicit map entry can override a tag baked into an image.
     pub fn label(&self, key: &str) -> Option<&str> {
         label(&self.metadata, &self.tags, key)
     }
+}
 
-    /// The address as DNS will serve it.
-    pub fn parsed_address(&self) -> Address {
-        parse_address(&self.address).expect("stored addresses were validated at registration")
+/// How a registration body's fields are read: `null` is the same as missing, and numbers
+/// out of range are refused with the bounds (the path of the field is added by the caller's
+/// `serde_path_to_error`).
+mod lenient {
+    use serde::de::{Deserialize, Deserializer, Error};
+
+    pub fn or_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
+        Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+    }
+
+    fn u16_in<'de, D: Deserializer<'de>>(d: D, min: i64, default: u16) -> Result<u16, D::Error> {
+        match Option::<i64>::deserialize(d)? {
+            None => Ok(default),
+            Some(v) if (min..=65535).contains(&v) => Ok(v as u16),
+            Some(v) => Err(D::Error::custom(format!("must be between {min} and 65535, got {v}"))),
+        }
+    }
+
+    /// 0 reads as missing, which validation refuses as "required".
+    pub fn port<'de, D: Deserializer<'de>>(d: D) -> Result<u16, D::Error> {
+        match Option::<i64>::deserialize(d)? {
+            None | Some(0) => Ok(0),
+            Some(v) if (1..=65535).contains(&v) => Ok(v as u16),
+            Some(v) => Err(D::Error::custom(format!("must be between 1 and 65535, got {v}"))),
+        }
+    }
+
+    pub fn weight<'de, D: Deserializer<'de>>(d: D) -> Result<u16, D::Error> {
+        u16_in(d, 0, super::DEFAULT_WEIGHT)
+    }
+
+    pub fn priority<'de, D: Deserializer<'de>>(d: D) -> Result<u16, D::Error> {
+        u16_in(d, 0, super::DEFAULT_PRIORITY)
+    }
+
+    pub fn healthy<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+        Ok(Option::<bool>::deserialize(d)?.unwrap_or(true))
     }
 }
 
@@ -85,9 +160,12 @@ mod timestamp {
         s.serialize_str(&rfc3339(*ns))
     }
 
+    /// `null` reads as unstamped, as a missing field does.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Nanos, D::Error> {
-        let s = String::deserialize(d)?;
-        parse_rfc3339(&s).ok_or_else(|| D::Error::custom(format!("not an RFC 3339 time: {s}")))
+        match Option::<String>::deserialize(d)? {
+            None => Ok(0),
+            Some(s) => parse_rfc3339(&s).ok_or_else(|| D::Error::custom(format!("not an RFC 3339 time: {s}"))),
+        }
     }
 }
 
@@ -157,24 +235,90 @@ impl Serialize for Metadata {
 
 impl<'de> Deserialize<'de> for Metadata {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        BTreeMap::<String, String>::deserialize(d).map(Self::from)
+        Ok(Option::<BTreeMap<String, String>>::deserialize(d)?
+            .map(Self::from)
+            .unwrap_or_default())
     }
 }
 
-/// Where consumers reach an instance.
+/// Where consumers reach an instance: parsed once, when the registration is read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Address {
     Ip(IpAddr),
-    /// A host name, lower-case, without a trailing dot.
-    Host(String),
+    /// A host name, lower-case, without a trailing dot. Empty only in a registration that
+    /// gave no address, which validation refuses.
+    Host(CompactString),
 }
 
-pub fn parse_address(s: &str) -> Option<Address> {
-    if let Ok(ip) = s.parse::<IpAddr>() {
-        return Some(Address::Ip(ip));
+impl Default for Address {
+    fn default() -> Self {
+        Self::Host(CompactString::default())
     }
-    let host = s.strip_suffix('.').unwrap_or(s);
-    is_host_name(host).then(|| Address::Host(host.to_ascii_lowercase()))
+}
+
+impl Address {
+    /// Whether no address was given.
+    pub fn is_empty(&self) -> bool {
+        matches!(self, Self::Host(host) if host.is_empty())
+    }
+}
+
+impl std::str::FromStr for Address {
+    type Err = String;
+
+    /// An IP address, or a host name (lower-cased, a trailing dot dropped).
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Ok(ip) = s.parse::<IpAddr>() {
+            return Ok(Self::Ip(ip));
+        }
+        let host = s.strip_suffix('.').unwrap_or(s);
+        if is_host_name(host) {
+            Ok(Self::Host(host.to_ascii_lowercase().into()))
+        } else {
+            Err(format!("{s:?} is neither an IP address nor a host name"))
+        }
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Ip(ip) => ip.fmt(f),
+            Self::Host(host) => f.write_str(host),
+        }
+    }
+}
+
+impl PartialEq<str> for Address {
+    fn eq(&self, other: &str) -> bool {
+        match self {
+            Self::Ip(ip) => other.parse::<IpAddr>().is_ok_and(|o| o == *ip),
+            Self::Host(host) => host == other,
+        }
+    }
+}
+
+impl PartialEq<&str> for Address {
+    fn eq(&self, other: &&str) -> bool {
+        *self == **other
+    }
+}
+
+impl Serialize for Address {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Address {
+    /// `null` and `""` read as missing.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(Self::default()),
+            Some(s) if s.is_empty() => Ok(Self::default()),
+            Some(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
 }
 
 /// One DNS label of letters, digits and `-`, 1–63 long, not starting or ending with `-`.
@@ -196,37 +340,21 @@ pub fn is_host_name(s: &str) -> bool {
             .is_some_and(|tld| !tld.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// A registration body (R1, R2) as a registrant sends it: everything optional, so that a
-/// missing field gets a message naming it rather than a serde error.
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
-pub struct Registration {
-    pub id: Option<String>,
-    pub name: Option<String>,
-    pub address: Option<String>,
-    pub port: Option<i64>,
-    pub protocol: Option<String>,
-    pub tags: Option<Vec<String>>,
-    pub metadata: Option<BTreeMap<String, String>>,
-    pub weight: Option<i64>,
-    pub priority: Option<i64>,
-    pub healthy: Option<bool>,
-    pub ttl_ns: Option<i64>,
+/// A registration that passed [`Instance::validate`]: the instance to store (the registry
+/// stamps it) and its check settings, parsed here once and carried to the registry and the
+/// health checker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Validated {
+    pub instance: Instance,
+    pub check: Arc<CheckSpec>,
 }
 
-/// A validated registration: the mutable fields of an instance, without server stamps.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Spec {
-    pub id: CompactString,
-    pub name: CompactString,
-    pub address: CompactString,
-    pub port: u16,
-    pub protocol: CompactString,
-    pub tags: Vec<String>,
-    pub metadata: Metadata,
-    pub weight: u16,
-    pub priority: u16,
-    pub healthy: bool,
-    pub ttl_ns: i64,
+impl std::ops::Deref for Validated {
+    type Target = Instance;
+
+    fn deref(&self) -> &Instance {
+        &self.instance
+    }
 }
 
 /// A validation failure: which field, and what was wrong with it.
@@ -246,17 +374,6 @@ impl FieldError {
     }
 }
 
-fn u16_field(field: &str, value: Option<i64>, default: u16, min: i64) -> Result<u16, FieldError> {
-    match value {
-        None => Ok(default),
-        Some(v) if (min..=65535).contains(&v) => Ok(v as u16),
-        Some(v) => Err(FieldError::new(
-            field,
-            format!("must be between {min} and 65535, got {v}"),
-        )),
-    }
-}
-
 fn check_tags(tags: &[String]) -> Result<(), FieldError> {
     if tags.len() > MAX_TAGS {
         return Err(FieldError::new(
@@ -273,7 +390,7 @@ fn check_tags(tags: &[String]) -> Result<(), FieldError> {
     Ok(())
 }
 
-fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), FieldError> {
+fn check_metadata(metadata: &Metadata) -> Result<(), FieldError> {
     if metadata.len() > MAX_METADATA_ENTRIES {
         return Err(FieldError::new(
             "metadata",
@@ -283,7 +400,7 @@ fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), FieldError>
             ),
         ));
     }
-    for (key, value) in metadata {
+    for (key, value) in metadata.iter() {
         if key.is_empty() || key.len() > MAX_METADATA_KEY_LEN {
             return Err(FieldError::new(
                 "metadata",
@@ -307,75 +424,64 @@ fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), FieldError>
     Ok(())
 }
 
-impl Registration {
-    pub fn validate(self) -> Result<Spec, FieldError> {
-        let name = self
-            .name
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| FieldError::new("name", "is required"))?;
-        if !is_label(&name) {
+impl Instance {
+    /// R1's rules beyond what reading the body already checked: required fields, names,
+    /// the default id and protocol, label and size bounds, the check settings. Returns the
+    /// instance normalised (lower-case names, the default id) with its parsed check.
+    pub fn validate(mut self) -> Result<Validated, FieldError> {
+        if self.name.is_empty() {
+            return Err(FieldError::new("name", "is required"));
+        }
+        if !is_label(&self.name) {
             return Err(FieldError::new(
                 "name",
-                format!("{name:?} is not one DNS label (1-63 letters, digits or '-', not starting or ending with '-')"),
+                format!(
+                    "{:?} is not one DNS label (1-63 letters, digits or '-', not starting or ending with '-')",
+                    self.name
+                ),
             ));
         }
-        let name = name.to_ascii_lowercase();
-        if RESERVED_NAMES.contains(&name.as_str()) {
+        self.name = self.name.to_ascii_lowercase();
+        if RESERVED_NAMES.contains(&self.name.as_str()) {
             return Err(FieldError::new(
                 "name",
-                format!("{name:?} is reserved: <{name}>.<zone> names the zone's own records; choose another name"),
+                format!(
+                    "{:?} is reserved: <{}>.<zone> names the zone's own records; choose another name",
+                    self.name, self.name
+                ),
             ));
         }
-
-        let address = self
-            .address
-            .filter(|a| !a.is_empty())
-            .ok_or_else(|| FieldError::new("address", "is required"))?;
-        let address = match parse_address(&address) {
-            Some(Address::Ip(ip)) => ip.to_string(),
-            Some(Address::Host(host)) => host,
-            None => {
-                return Err(FieldError::new(
-                    "address",
-                    format!("{address:?} is neither an IP address nor a host name"),
-                ));
-            }
-        };
-
-        let port = match self.port {
-            None | Some(0) => return Err(FieldError::new("port", "is required and must be between 1 and 65535")),
-            p => u16_field("port", p, 0, 1)?,
-        };
-
-        let protocol = match self.protocol.filter(|p| !p.is_empty()) {
-            None => DEFAULT_PROTOCOL.to_owned(),
-            Some(p) if is_label(&p) => p.to_ascii_lowercase(),
-            Some(p) => return Err(FieldError::new("protocol", format!("{p:?} is not one DNS label"))),
-        };
-
-        let weight = u16_field("weight", self.weight, DEFAULT_WEIGHT, 0)?;
-        let priority = u16_field("priority", self.priority, DEFAULT_PRIORITY, 0)?;
-
-        let id = match self.id.filter(|i| !i.is_empty()) {
-            Some(id) => id,
-            None => format!("{name}-{address}-{port}"),
-        };
-        if id.len() > MAX_ID_LEN {
+        if self.address.is_empty() {
+            return Err(FieldError::new("address", "is required"));
+        }
+        if self.port == 0 {
+            return Err(FieldError::new("port", "is required and must be between 1 and 65535"));
+        }
+        if self.protocol.is_empty() {
+            self.protocol = DEFAULT_PROTOCOL.into();
+        } else if is_label(&self.protocol) {
+            self.protocol = self.protocol.to_ascii_lowercase();
+        } else {
+            return Err(FieldError::new(
+                "protocol",
+                format!("{:?} is not one DNS label", self.protocol),
+            ));
+        }
+        if self.id.is_empty() {
+            self.id = compact_str::format_compact!("{}-{}-{}", self.name, self.address, self.port);
+        }
+        if self.id.len() > MAX_ID_LEN {
             return Err(FieldError::new(
                 "id",
-                format!("is {} bytes long; at most {MAX_ID_LEN} are allowed", id.len()),
+                format!("is {} bytes long; at most {MAX_ID_LEN} are allowed", self.id.len()),
             ));
         }
-        if id.chars().any(char::is_control) {
+        if self.id.chars().any(char::is_control) {
             return Err(FieldError::new("id", "must contain printable characters only"));
         }
-
-        let tags = self.tags.unwrap_or_default();
-        check_tags(&tags)?;
-        let metadata = self.metadata.unwrap_or_default();
-        check_metadata(&metadata)?;
-        let metadata = Metadata::from(metadata);
-        if let Some(domain) = label(&metadata, &tags, JET_DOMAIN) {
+        check_tags(&self.tags)?;
+        check_metadata(&self.metadata)?;
+        if let Some(domain) = self.label(JET_DOMAIN) {
             let host = domain.strip_suffix('.').unwrap_or(domain);
             if !is_host_name(host) || !host.contains('.') {
                 return Err(FieldError::new(
@@ -384,20 +490,7 @@ impl Registration {
                 ));
             }
         }
-        super::check::CheckSpec::from_labels(&metadata, &tags)?;
-
-        Ok(Spec {
-            id: id.into(),
-            name: name.into(),
-            address: address.into(),
-            port,
-            protocol: protocol.into(),
-            tags,
-            metadata,
-            weight,
-            priority,
-            healthy: self.healthy.unwrap_or(true),
-            ttl_ns: self.ttl_ns.unwrap_or(0),
-        })
+        let check = CheckSpec::from_labels(&self.metadata, &self.tags)?.shared();
+        Ok(Validated { instance: self, check })
     }
 }

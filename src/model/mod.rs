@@ -2,8 +2,9 @@
 //! typed. Everything else depends on it; it depends on nothing of ours, so the registry,
 //! DNS, the health checker, the REST API and the configuration all read one definition.
 //!
-//! - [`instance`]: the registration as sent, validated into a [`instance::Spec`], and the
-//!   stored [`instance::Instance`] with its addresses, metadata and labels;
+//! - [`instance`]: the [`instance::Instance`] a registrant sends and the registry stores
+//!   (one struct), with its address, metadata and labels, validated into an
+//!   [`instance::Validated`] that carries its parsed check;
 //! - [`check`]: the health check an instance asks for through its labels;
 //! - [`clock`]: the registry's notion of now, real or moved by a test.
 

@@ -48,7 +48,7 @@ use super::disk::DiskStatus;
 use super::store::StoreError;
 use super::{Event, Registered, Registry};
 use crate::model::clock::Nanos;
-use crate::model::instance::{Instance, Spec};
+use crate::model::instance::{Instance, Validated};
 
 /// Longest wait for one etcd call; past it a write's outcome is unknown.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -496,14 +496,14 @@ impl Etcd {
     }
 
     /// R2 as an etcd transaction; see the module's documentation.
-    pub async fn register(&self, spec: Spec) -> Result<Registered, StoreError> {
+    pub async fn register(&self, new: Validated) -> Result<Registered, StoreError> {
         self.writable()?;
-        let key = self.key(&spec.id);
+        let key = self.key(&new.id);
         for _ in 0..RETRIES {
             // Read before the registry: the registry is updated before the revision, so the
             // state decided from is never older than the revision compared on.
-            let known = self.revisions.get(spec.id.as_str()).map_or(0, |r| *r);
-            let prepared = self.registry.prepare(spec.clone())?;
+            let known = self.revisions.get(new.id.as_str()).map_or(0, |r| *r);
+            let prepared = self.registry.prepare(new.clone())?;
             let created = prepared.created();
             let instance = prepared.instance.clone();
             self.registry.cancel(prepared);
@@ -521,7 +521,7 @@ impl Etcd {
                 // registry's revision waits for the watch, so it stays etcd's everywhere.
                 let _applying = self.applying.lock();
                 if *self.applied.borrow() < revision {
-                    self.apply_instance(spec.id.as_str().into(), instance.clone(), revision);
+                    self.apply_instance(new.id.as_str().into(), instance.clone(), revision);
                 }
                 return Ok(Registered { instance, created });
             }

@@ -28,7 +28,7 @@ use tracing::{info, warn};
 
 use crate::model::check::{CheckKind, CheckSpec};
 use crate::model::clock::{self, Clock, Nanos};
-use crate::model::instance::{Instance, Spec};
+use crate::model::instance::{Instance, Validated};
 use crate::zone::records::{InstanceRecords, ZoneNames};
 use lease::{Lease, LeaseIndex, NEVER};
 use view::{Member, ServiceView};
@@ -83,7 +83,7 @@ pub struct Registered {
 /// A registration computed but not yet visible (see [`Registry::prepare`]).
 #[derive(Debug)]
 pub struct Prepared {
-    spec: Spec,
+    new: Validated,
     /// What durable storage must hold for the id once this is applied.
     pub instance: Instance,
     now: Nanos,
@@ -118,6 +118,8 @@ struct Subscriber {
 
 struct Entry {
     instance: Instance,
+    /// Its check settings, parsed once at registration (or when loaded from storage).
+    check: Arc<CheckSpec>,
     lease: Arc<Lease>,
     member: Arc<Member>,
     /// A renewal the durable store has not read yet.
@@ -565,8 +567,8 @@ impl Registry {
 
     /// R2: an idempotent upsert, applied at once. The REST path goes through
     /// [`Self::prepare`] and [`Self::apply`] instead, with the commit in between.
-    pub fn register(&self, spec: Spec) -> Result<Registered, RegistryError> {
-        let prepared = self.prepare(spec)?;
+    pub fn register(&self, new: Validated) -> Result<Registered, RegistryError> {
+        let prepared = self.prepare(new)?;
         Ok(self.apply(prepared))
     }
 
@@ -574,19 +576,16 @@ impl Registry {
     /// can see, so that it can be made durable first. A new id takes one of the
     /// `--max-instances` slots now (given back by [`Self::cancel`]), so concurrent
     /// registrations never overshoot the cap.
-    pub fn prepare(&self, spec: Spec) -> Result<Prepared, RegistryError> {
+    pub fn prepare(&self, new: Validated) -> Result<Prepared, RegistryError> {
         let now = self.clock.now();
         // Expired instances the reaper has not swept yet must not crowd out a live one:
         // sweep them before the limit is checked. Outside any entry lock, as `reap` takes them.
         if self.len() >= self.settings.max_instances && self.leases.any_due(now) {
             self.reap();
         }
-        let (instance, existing) = match self.instances.get(spec.id.as_str()) {
-            Some(entry) => (
-                self.stamp(&spec, now, Some((&entry.instance, entry.lease.alive(now)))),
-                true,
-            ),
-            None => (self.stamp(&spec, now, None), false),
+        let (instance, existing) = match self.instances.get(new.id.as_str()) {
+            Some(entry) => (self.stamp(&new, now, Some((&entry, entry.lease.alive(now)))), true),
+            None => (self.stamp(&new, now, None), false),
         };
         if !existing {
             let max = self.settings.max_instances;
@@ -596,7 +595,7 @@ impl Registry {
             }
         }
         Ok(Prepared {
-            spec,
+            new,
             instance,
             now,
             reserved: !existing,
@@ -610,36 +609,27 @@ impl Registry {
         }
     }
 
-    /// What `spec` stores at `now` over `old` (the stored instance and whether it is alive).
+    /// What `new` stores at `now` over `old` (the stored entry and whether it is alive).
     /// Re-registering a live id keeps `registered_at` and, when the health checker owns the
     /// flag and the check settings, address and port are unchanged, `healthy`; registering
     /// an id whose lease has run out is a new registration.
-    fn stamp(&self, spec: &Spec, now: Nanos, old: Option<(&Instance, bool)>) -> Instance {
+    fn stamp(&self, new: &Validated, now: Nanos, old: Option<(&Entry, bool)>) -> Instance {
         let (registered_at, healthy) = match old {
             Some((old, true)) => {
-                let new_check = CheckSpec::from_labels(&spec.metadata, &spec.tags).expect("validated with the spec");
-                let old_check = CheckSpec::from_labels(&old.metadata, &old.tags).expect("stored specs are valid");
                 // The checker restarts on new settings or a new target; so does the flag.
-                let same_check = old_check == new_check && old.address == spec.address && old.port == spec.port;
-                let keep_health = self.checked(&new_check) && same_check;
-                (old.registered_at, if keep_health { old.healthy } else { spec.healthy })
+                let same_check =
+                    old.check == new.check && old.instance.address == new.address && old.instance.port == new.port;
+                let keep_health = self.checked(&new.check) && same_check;
+                let healthy = if keep_health { old.instance.healthy } else { new.healthy };
+                (old.instance.registered_at, healthy)
             }
-            _ => (now, spec.healthy),
+            _ => (now, new.healthy),
         };
         Instance {
-            id: spec.id.clone(),
-            name: spec.name.clone(),
-            address: spec.address.clone(),
-            port: spec.port,
-            protocol: spec.protocol.clone(),
-            tags: spec.tags.clone(),
-            metadata: spec.metadata.clone(),
-            weight: spec.weight,
-            priority: spec.priority,
             healthy,
-            ttl_ns: spec.ttl_ns,
             registered_at,
             updated_at: now,
+            ..new.instance.clone()
         }
     }
 
@@ -651,13 +641,13 @@ impl Registry {
     /// rewrites the instance on the `Upserted` event).
     pub fn apply(&self, prepared: Prepared) -> Registered {
         let Prepared {
-            spec,
+            new,
             instance: written,
             now,
             reserved,
         } = prepared;
-        let deadline = self.deadline(now, spec.ttl_ns);
-        let id: Arc<str> = spec.id.as_str().into();
+        let deadline = self.deadline(now, new.ttl_ns);
+        let id: Arc<str> = new.id.as_str().into();
         // Whether what is applied differs from what was committed.
         let mut changed = false;
         let registered = match self.instances.entry(id.clone()) {
@@ -671,22 +661,22 @@ impl Registry {
                 let entry = occupied.get_mut();
                 let alive = entry.lease.alive(now);
                 let old = &entry.instance;
-                if alive && old.protocol != spec.protocol {
+                if alive && old.protocol != new.protocol {
                     // The default id leaves the protocol out (the contract's
                     // `<name>-<address>-<port>`), so one port registered over UDP and then TCP
                     // replaces the first: say so, since the registrant may not have meant it.
-                    warn!(id = %id, service = %spec.name, from = %old.protocol, to = %spec.protocol,
+                    warn!(id = %id, service = %new.name, from = %old.protocol, to = %new.protocol,
                           "re-registration changed the instance's protocol and replaced it; give explicit ids to register one port over several protocols");
                 }
-                let instance = self.stamp(&spec, now, Some((old, alive)));
+                let instance = self.stamp(&new, now, Some((entry, alive)));
                 changed = instance != written;
                 let earlier = self.move_lease(&id, &entry.lease, deadline);
                 // A registration confirms an instance parked by a stall or a restart.
                 let confirmed_now = std::mem::take(&mut entry.unconfirmed);
                 let member = self.member(&id, &instance, entry.lease.clone(), true);
-                let renamed = old.name != instance.name;
+                let renamed = entry.instance.name != instance.name;
                 if renamed {
-                    self.remove_member(&old.name, &id);
+                    self.remove_member(&entry.instance.name, &id);
                 }
                 if renamed || !alive || confirmed_now || !entry.member.same_answers(&member) {
                     self.put_member(&instance.name, member.clone());
@@ -696,6 +686,7 @@ impl Registry {
                     self.put_member(&instance.name, entry.member.clone());
                 }
                 entry.instance = instance.clone();
+                entry.check = new.check;
                 Registered {
                     instance,
                     created: !alive,
@@ -710,7 +701,7 @@ impl Registry {
                     // be passed by the registrations racing a sweep, at most one each.
                     self.count.fetch_add(1, Ordering::AcqRel);
                     changed = true;
-                    self.stamp(&spec, now, None)
+                    self.stamp(&new, now, None)
                 };
                 let lease = Arc::new(Lease::new(deadline));
                 let member = self.member(&id, &instance, lease.clone(), true);
@@ -718,6 +709,7 @@ impl Registry {
                 self.leases.reschedule(&id, None, deadline);
                 vacant.insert(Entry {
                     instance: instance.clone(),
+                    check: new.check,
                     lease,
                     member,
                     renewal_pending: AtomicBool::new(false),
@@ -924,6 +916,16 @@ impl Registry {
             .map(|e| e.served())
     }
 
+    /// A live instance as [`Self::get`] reads it, with its check settings (for the health
+    /// checker).
+    pub fn get_checked(&self, id: &str) -> Option<(Instance, Arc<CheckSpec>)> {
+        let now = self.clock.now();
+        self.instances
+            .get(id)
+            .filter(|e| e.lease.alive(now))
+            .map(|e| (e.served(), e.check.clone()))
+    }
+
     /// Live instances matching `filter`, sorted by name, then id.
     pub fn list(&self, filter: &Filter) -> Vec<Instance> {
         let now = self.clock.now();
@@ -1010,6 +1012,12 @@ impl Registry {
             }
             self.count.fetch_sub(1, Ordering::AcqRel);
         }
+        // Stored data was validated when it was registered; it is read here as it comes in
+        // from storage, once.
+        let check = CheckSpec::from_labels(&instance.metadata, &instance.tags)
+            .inspect_err(|e| warn!(id = %id, error = %e, "stored check settings are invalid; the defaults apply"))
+            .unwrap_or_default()
+            .shared();
         let lease = Arc::new(Lease::new(deadline));
         let member = self.member(&id, &instance, lease.clone(), !unconfirmed);
         self.put_member(&instance.name, member.clone());
@@ -1018,6 +1026,7 @@ impl Registry {
             id.clone(),
             Entry {
                 instance,
+                check,
                 lease,
                 member,
                 renewal_pending: AtomicBool::new(false),

@@ -14,7 +14,7 @@ use tokio::sync::Mutex;
 
 use super::disk::{Disk, Stored};
 use super::{Registered, Registry, RegistryError};
-use crate::model::instance::{Instance, Spec};
+use crate::model::instance::{Instance, Validated};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -76,16 +76,16 @@ impl Store {
     /// Durable before visible: the instance is committed first and shown only once the
     /// commit is acknowledged, so no reader (DNS, listings, export, routes, watchers) sees a
     /// registration that a `kill -9` could lose, or one answered 503.
-    pub async fn register(&self, spec: Spec) -> Result<Registered, StoreError> {
-        let _guard = self.stripe(&spec.id).lock().await;
+    pub async fn register(&self, new: Validated) -> Result<Registered, StoreError> {
+        let _guard = self.stripe(&new.id).lock().await;
         // Without the `etcd` feature the disk is the only backend.
         #[cfg_attr(not(feature = "etcd"), allow(clippy::infallible_destructuring_match))]
         let disk = match &self.backend {
             Backend::Disk(disk) => disk,
             #[cfg(feature = "etcd")]
-            Backend::Etcd(etcd) => return etcd.register(spec).await,
+            Backend::Etcd(etcd) => return etcd.register(new).await,
         };
-        let prepared = self.registry.prepare(spec)?;
+        let prepared = self.registry.prepare(new)?;
         if let Err(e) = disk.put(Stored::new(&prepared.instance)).await {
             self.registry.cancel(prepared);
             return Err(StoreError::Unavailable(e));

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use super::*;
 use crate::model::clock::ManualClock;
-use crate::model::instance::{FieldError, Metadata, Registration};
+use serde_json::{Value, json};
+
+use crate::model::instance::{FieldError, Metadata};
 
 pub(crate) fn registry(default_ttl: std::time::Duration) -> (Registry, Arc<ManualClock>) {
     registry_max(default_ttl, 1000)
@@ -18,28 +20,39 @@ fn registry_max(default_ttl: Duration, max_instances: usize) -> (Registry, Arc<M
 const SEC: Duration = Duration::from_secs(1);
 const NS: Duration = Duration::from_nanos(1);
 
-/// A minimal valid registration.
-fn reg(id: &str, name: &str) -> Registration {
-    Registration {
-        id: Some(id.into()),
-        name: Some(name.into()),
-        address: Some("10.0.0.1".into()),
-        port: Some(8080),
-        ..Default::default()
+/// A registration body read as the REST API reads it: the field's path names a value that
+/// could not be read (an address, a port out of range), then [`Instance::validate`].
+trait Read {
+    fn validate(self) -> Result<Validated, FieldError>;
+}
+
+impl Read for Value {
+    fn validate(self) -> Result<Validated, FieldError> {
+        let instance: Instance = serde_path_to_error::deserialize(self)
+            .map_err(|e| FieldError::new(e.path().to_string(), e.into_inner().to_string()))?;
+        instance.validate()
     }
 }
 
-fn spec(id: &str, name: &str) -> Spec {
+/// `base` with the fields of `patch` replaced (`null` reads as missing).
+fn with(mut base: Value, patch: Value) -> Value {
+    for (k, v) in patch.as_object().expect("a patch is an object") {
+        base[k] = v.clone();
+    }
+    base
+}
+
+/// A minimal valid registration.
+fn reg(id: &str, name: &str) -> Value {
+    json!({"id": id, "name": name, "address": "10.0.0.1", "port": 8080})
+}
+
+fn spec(id: &str, name: &str) -> Validated {
     reg(id, name).validate().expect("valid registration")
 }
 
-fn spec_ttl(id: &str, name: &str, ttl_ns: i64) -> Spec {
-    Registration {
-        ttl_ns: Some(ttl_ns),
-        ..reg(id, name)
-    }
-    .validate()
-    .unwrap()
+fn spec_ttl(id: &str, name: &str, ttl_ns: i64) -> Validated {
+    with(reg(id, name), json!({"ttl_ns": ttl_ns})).validate().unwrap()
 }
 
 fn ids(instances: &[Instance]) -> Vec<String> {
@@ -89,18 +102,7 @@ fn re_register_is_upsert_keeping_registered_at_and_replacing_mutable_fields() {
     metadata.insert("container".to_owned(), "voice-1".to_owned());
     let second = r
         .register(
-            Registration {
-                address: Some("10.0.0.2".into()),
-                port: Some(9090),
-                protocol: Some("udp".into()),
-                tags: Some(vec!["x=y".into()]),
-                metadata: Some(metadata.clone()),
-                weight: Some(7),
-                priority: Some(3),
-                healthy: Some(false),
-                ttl_ns: Some(42 * SEC.as_nanos() as i64),
-                ..reg("a", "voice")
-            }
+            with(reg("a", "voice"), json!({"address": "10.0.0.2", "port": 9090, "protocol": "udp", "tags": ["x=y"], "metadata": metadata.clone(), "weight": 7, "priority": 3, "healthy": false, "ttl_ns": 42 * SEC.as_nanos() as i64}))
             .validate()
             .unwrap(),
         )
@@ -477,15 +479,8 @@ fn serial_grows_with_changes_but_not_with_a_no_op_re_register_or_heartbeat() {
     r.heartbeat("a").unwrap();
     assert_eq!(r.serial(), s1, "a heartbeat changes no answer");
 
-    r.register(
-        Registration {
-            port: Some(9999),
-            ..reg("a", "voice")
-        }
-        .validate()
-        .unwrap(),
-    )
-    .unwrap();
+    r.register(with(reg("a", "voice"), json!({"port": 9999})).validate().unwrap())
+        .unwrap();
     let s2 = r.serial();
     assert!(s2 > s1, "a re-register that changes the SRV bumps");
 
@@ -698,23 +693,13 @@ fn list_is_sorted_by_name_then_id_and_filters() {
         r.register(spec(id, name)).unwrap();
     }
     r.register(
-        Registration {
-            healthy: Some(false),
-            ..reg("sick", "delta")
-        }
-        .validate()
-        .unwrap(),
+        with(reg("sick", "delta"), json!({"healthy": false}))
+            .validate()
+            .unwrap(),
     )
     .unwrap();
-    r.register(
-        Registration {
-            healthy: Some(false),
-            ..reg("d", "alpha")
-        }
-        .validate()
-        .unwrap(),
-    )
-    .unwrap();
+    r.register(with(reg("d", "alpha"), json!({"healthy": false})).validate().unwrap())
+        .unwrap();
     let list = r.list(&Filter::default());
     let pairs: Vec<(String, String)> = list.iter().map(|i| (i.name.to_string(), i.id.to_string())).collect();
     let expect: Vec<(String, String)> = [
@@ -781,17 +766,12 @@ fn list_is_sorted_by_name_then_id_and_filters() {
 // Validation: "ServiceInstance on the wire"
 // ---------------------------------------------------------------------------------------
 
-fn base() -> Registration {
-    Registration {
-        name: Some("voice".into()),
-        address: Some("10.0.0.1".into()),
-        port: Some(5060),
-        ..Default::default()
-    }
+fn base() -> Value {
+    json!({"name": "voice", "address": "10.0.0.1", "port": 5060})
 }
 
 #[track_caller]
-fn refused(r: Registration, field: &str) -> FieldError {
+fn refused(r: Value, field: &str) -> FieldError {
     match r.validate() {
         Ok(spec) => panic!("expected a failure naming {field}, got {spec:?}"),
         Err(e) => {
@@ -821,64 +801,19 @@ fn defaults_of_a_minimal_registration() {
 
 #[test]
 fn name_is_required() {
-    refused(Registration { name: None, ..base() }, "name");
-    refused(
-        Registration {
-            name: Some(String::new()),
-            ..base()
-        },
-        "name",
-    );
+    refused(with(base(), json!({"name": null})), "name");
+    refused(with(base(), json!({"name": String::new()})), "name");
 }
 
 #[test]
 fn name_is_one_dns_label_of_at_most_63_characters() {
     let n63 = "a".repeat(63);
+    assert_eq!(with(base(), json!({"name": n63.clone()})).validate().unwrap().name, n63);
+    refused(with(base(), json!({"name": "a".repeat(64)})), "name");
+    assert_eq!(with(base(), json!({"name": "a"})).validate().unwrap().name, "a");
+    assert_eq!(with(base(), json!({"name": "a-1-b"})).validate().unwrap().name, "a-1-b");
     assert_eq!(
-        Registration {
-            name: Some(n63.clone()),
-            ..base()
-        }
-        .validate()
-        .unwrap()
-        .name,
-        n63
-    );
-    refused(
-        Registration {
-            name: Some("a".repeat(64)),
-            ..base()
-        },
-        "name",
-    );
-    assert_eq!(
-        Registration {
-            name: Some("a".into()),
-            ..base()
-        }
-        .validate()
-        .unwrap()
-        .name,
-        "a"
-    );
-    assert_eq!(
-        Registration {
-            name: Some("a-1-b".into()),
-            ..base()
-        }
-        .validate()
-        .unwrap()
-        .name,
-        "a-1-b"
-    );
-    assert_eq!(
-        Registration {
-            name: Some("9lives".into()),
-            ..base()
-        }
-        .validate()
-        .unwrap()
-        .name,
+        with(base(), json!({"name": "9lives"})).validate().unwrap().name,
         "9lives"
     );
     for bad in [
@@ -892,24 +827,13 @@ fn name_is_one_dns_label_of_at_most_63_characters() {
         "_voice",
         "voice/1",
     ] {
-        refused(
-            Registration {
-                name: Some(bad.into()),
-                ..base()
-            },
-            "name",
-        );
+        refused(with(base(), json!({"name": bad})), "name");
     }
 }
 
 #[test]
 fn name_is_stored_lower_case() {
-    let s = Registration {
-        name: Some("VoIcE".into()),
-        ..base()
-    }
-    .validate()
-    .unwrap();
+    let s = with(base(), json!({"name": "VoIcE"})).validate().unwrap();
     assert_eq!(s.name, "voice");
     assert_eq!(s.id, "voice-10.0.0.1-5060", "the default id uses the stored name");
     let (r, _) = registry(10 * SEC);
@@ -920,31 +844,16 @@ fn name_is_stored_lower_case() {
 
 #[test]
 fn address_is_required() {
-    refused(
-        Registration {
-            address: None,
-            ..base()
-        },
-        "address",
-    );
-    refused(
-        Registration {
-            address: Some(String::new()),
-            ..base()
-        },
-        "address",
-    );
+    refused(with(base(), json!({"address": null})), "address");
+    refused(with(base(), json!({"address": String::new()})), "address");
 }
 
 #[test]
 fn address_accepts_ipv4_ipv6_and_host_names() {
     let addr = |a: &str| {
-        Registration {
-            address: Some(a.into()),
-            ..base()
-        }
-        .validate()
-        .map(|s| s.address)
+        with(base(), json!({"address": a}))
+            .validate()
+            .map(|s| s.address.to_string())
     };
     assert_eq!(addr("192.168.1.20").unwrap(), "192.168.1.20");
     assert_eq!(addr("::1").unwrap(), "::1");
@@ -974,288 +883,105 @@ fn address_refuses_what_is_neither_ip_nor_host_name() {
         "2001:db8::zz",
         "[::1]",
     ] {
-        refused(
-            Registration {
-                address: Some(bad.into()),
-                ..base()
-            },
-            "address",
-        );
+        refused(with(base(), json!({"address": bad})), "address");
     }
     refused(
-        Registration {
-            address: Some(format!("{}.koder", "a".repeat(64))),
-            ..base()
-        },
+        with(base(), json!({"address": format!("{}.koder", "a".repeat(64))})),
         "address",
     );
 }
 
 #[test]
 fn port_is_required_and_between_1_and_65535() {
-    refused(Registration { port: None, ..base() }, "port");
-    refused(
-        Registration {
-            port: Some(0),
-            ..base()
-        },
-        "port",
-    );
-    refused(
-        Registration {
-            port: Some(-1),
-            ..base()
-        },
-        "port",
-    );
-    refused(
-        Registration {
-            port: Some(65536),
-            ..base()
-        },
-        "port",
-    );
-    refused(
-        Registration {
-            port: Some(i64::MAX),
-            ..base()
-        },
-        "port",
-    );
-    assert_eq!(
-        Registration {
-            port: Some(1),
-            ..base()
-        }
-        .validate()
-        .unwrap()
-        .port,
-        1
-    );
-    assert_eq!(
-        Registration {
-            port: Some(65535),
-            ..base()
-        }
-        .validate()
-        .unwrap()
-        .port,
-        65535
-    );
+    refused(with(base(), json!({"port": null})), "port");
+    refused(with(base(), json!({"port": 0})), "port");
+    refused(with(base(), json!({"port": -1})), "port");
+    refused(with(base(), json!({"port": 65536})), "port");
+    refused(with(base(), json!({"port": i64::MAX})), "port");
+    assert_eq!(with(base(), json!({"port": 1})).validate().unwrap().port, 1);
+    assert_eq!(with(base(), json!({"port": 65535})).validate().unwrap().port, 65535);
 }
 
 #[test]
 fn protocol_defaults_to_tcp_and_is_one_label_stored_lower_case() {
     assert_eq!(
-        Registration {
-            protocol: None,
-            ..base()
-        }
-        .validate()
-        .unwrap()
-        .protocol,
+        with(base(), json!({"protocol": null})).validate().unwrap().protocol,
         "tcp"
     );
     assert_eq!(
-        Registration {
-            protocol: Some(String::new()),
-            ..base()
-        }
-        .validate()
-        .unwrap()
-        .protocol,
+        with(base(), json!({"protocol": String::new()}))
+            .validate()
+            .unwrap()
+            .protocol,
         "tcp"
     );
     assert_eq!(
-        Registration {
-            protocol: Some("UDP".into()),
-            ..base()
-        }
-        .validate()
-        .unwrap()
-        .protocol,
+        with(base(), json!({"protocol": "UDP"})).validate().unwrap().protocol,
         "udp"
     );
     assert_eq!(
-        Registration {
-            protocol: Some("sctp".into()),
-            ..base()
-        }
-        .validate()
-        .unwrap()
-        .protocol,
+        with(base(), json!({"protocol": "sctp"})).validate().unwrap().protocol,
         "sctp"
     );
     for bad in ["_tcp", "t cp", "tcp.udp", "-tcp", "tcp-", &"t".repeat(64)] {
-        refused(
-            Registration {
-                protocol: Some(bad.to_string()),
-                ..base()
-            },
-            "protocol",
-        );
+        refused(with(base(), json!({"protocol": bad.to_string()})), "protocol");
     }
 }
 
 #[test]
 fn weight_and_priority_are_0_to_65535_with_defaults() {
-    let s = Registration {
-        weight: Some(0),
-        priority: Some(0),
-        ..base()
-    }
-    .validate()
-    .unwrap();
+    let s = with(base(), json!({"weight": 0, "priority": 0})).validate().unwrap();
     assert_eq!((s.weight, s.priority), (0, 0));
-    let s = Registration {
-        weight: Some(65535),
-        priority: Some(65535),
-        ..base()
-    }
-    .validate()
-    .unwrap();
+    let s = with(base(), json!({"weight": 65535, "priority": 65535}))
+        .validate()
+        .unwrap();
     assert_eq!((s.weight, s.priority), (65535, 65535));
     for bad in [-1, 65536, i64::MIN] {
-        refused(
-            Registration {
-                weight: Some(bad),
-                ..base()
-            },
-            "weight",
-        );
-        refused(
-            Registration {
-                priority: Some(bad),
-                ..base()
-            },
-            "priority",
-        );
+        refused(with(base(), json!({"weight": bad})), "weight");
+        refused(with(base(), json!({"priority": bad})), "priority");
     }
 }
 
 #[test]
 fn id_defaults_to_name_address_port() {
     assert_eq!(base().validate().unwrap().id, "voice-10.0.0.1-5060");
-    let s = Registration {
-        address: Some("2001:db8::1".into()),
-        ..base()
-    }
-    .validate()
-    .unwrap();
+    let s = with(base(), json!({"address": "2001:db8::1"})).validate().unwrap();
     assert_eq!(s.id, "voice-2001:db8::1-5060");
-    let s = Registration {
-        address: Some("Host.Koder".into()),
-        ..base()
-    }
-    .validate()
-    .unwrap();
+    let s = with(base(), json!({"address": "Host.Koder"})).validate().unwrap();
     assert_eq!(s.id, "voice-host.koder-5060");
-    let s = Registration {
-        id: Some(String::new()),
-        ..base()
-    }
-    .validate()
-    .unwrap();
+    let s = with(base(), json!({"id": String::new()})).validate().unwrap();
     assert_eq!(s.id, "voice-10.0.0.1-5060", "an empty id is an omitted one");
-    let s = Registration {
-        id: Some("My Instance #1".into()),
-        ..base()
-    }
-    .validate()
-    .unwrap();
+    let s = with(base(), json!({"id": "My Instance #1"})).validate().unwrap();
     assert_eq!(s.id, "My Instance #1", "an explicit id is kept as sent");
 }
 
 #[test]
 fn id_is_at_most_255_printable_characters() {
-    let s = Registration {
-        id: Some("i".repeat(255)),
-        ..base()
-    }
-    .validate()
-    .unwrap();
+    let s = with(base(), json!({"id": "i".repeat(255)})).validate().unwrap();
     assert_eq!(s.id.len(), 255);
-    refused(
-        Registration {
-            id: Some("i".repeat(256)),
-            ..base()
-        },
-        "id",
-    );
-    refused(
-        Registration {
-            id: Some("bad\nid".into()),
-            ..base()
-        },
-        "id",
-    );
-    refused(
-        Registration {
-            id: Some("bad\u{0}id".into()),
-            ..base()
-        },
-        "id",
-    );
-    refused(
-        Registration {
-            id: Some("tab\tid".into()),
-            ..base()
-        },
-        "id",
-    );
+    refused(with(base(), json!({"id": "i".repeat(256)})), "id");
+    refused(with(base(), json!({"id": "bad\nid"})), "id");
+    refused(with(base(), json!({"id": "bad\u{0}id"})), "id");
+    refused(with(base(), json!({"id": "tab\tid"})), "id");
     // A default id can be too long as well: 63 + long host name.
     let long_host = format!("{}.{}.{}.koder", "a".repeat(63), "b".repeat(63), "c".repeat(63));
     refused(
-        Registration {
-            name: Some("n".repeat(63)),
-            address: Some(long_host),
-            ..base()
-        },
+        with(base(), json!({"name": "n".repeat(63), "address": long_host})),
         "id",
     );
 }
 
 #[test]
 fn healthy_defaults_to_true_and_false_is_kept() {
-    assert!(
-        Registration {
-            healthy: None,
-            ..base()
-        }
-        .validate()
-        .unwrap()
-        .healthy
-    );
-    assert!(
-        Registration {
-            healthy: Some(true),
-            ..base()
-        }
-        .validate()
-        .unwrap()
-        .healthy
-    );
-    assert!(
-        !Registration {
-            healthy: Some(false),
-            ..base()
-        }
-        .validate()
-        .unwrap()
-        .healthy
-    );
+    assert!(with(base(), json!({"healthy": null})).validate().unwrap().healthy);
+    assert!(with(base(), json!({"healthy": true})).validate().unwrap().healthy);
+    assert!(!with(base(), json!({"healthy": false})).validate().unwrap().healthy);
 }
 
 #[test]
 fn jet_domain_must_be_a_public_host_name() {
-    let with_meta = |d: &str| Registration {
-        metadata: Some(BTreeMap::from([("jet.domain".to_owned(), d.to_owned())])),
-        ..base()
-    };
-    let with_tag = |d: &str| Registration {
-        tags: Some(vec![format!("jet.domain={d}")]),
-        ..base()
-    };
+    let with_meta = |d: &str| with(base(), json!({"metadata": {"jet.domain": d}}));
+    let with_tag = |d: &str| with(base(), json!({"tags": [format!("jet.domain={d}")]}));
     assert!(with_meta("voice.koder.dev").validate().is_ok());
     assert!(with_meta("voice.koder.dev.").validate().is_ok());
     assert!(with_tag("voice.koder.dev").validate().is_ok());
@@ -1277,11 +1003,10 @@ fn jet_domain_must_be_a_public_host_name() {
 
 #[test]
 fn tags_and_metadata_are_kept() {
-    let s = Registration {
-        tags: Some(vec!["a".into(), "container=voice-1".into()]),
-        metadata: Some(BTreeMap::from([("service".to_owned(), "voice".to_owned())])),
-        ..base()
-    }
+    let s = with(
+        base(),
+        json!({"tags": ["a", "container=voice-1"], "metadata": {"service": "voice"}}),
+    )
     .validate()
     .unwrap();
     assert_eq!(s.tags, vec!["a".to_owned(), "container=voice-1".to_owned()]);
@@ -1292,16 +1017,9 @@ fn tags_and_metadata_are_kept() {
 fn re_registering_at_a_new_address_resets_a_checked_flag() {
     let (registry, _) = registry(std::time::Duration::from_secs(90));
     let spec = |address: &str| {
-        Registration {
-            id: Some("x".into()),
-            name: Some("svc".into()),
-            address: Some(address.into()),
-            port: Some(80),
-            metadata: Some([("check".to_owned(), "tcp".to_owned())].into()),
-            ..Default::default()
-        }
-        .validate()
-        .unwrap()
+        json!({"id": "x", "name": "svc", "address": address, "port": 80, "metadata": {"check": "tcp"}})
+            .validate()
+            .unwrap()
     };
     registry.register(spec("10.0.0.1")).unwrap();
     assert!(registry.set_health("x", false));
@@ -1335,12 +1053,9 @@ fn metadata_is_a_sorted_map_on_the_wire_and_shared_between_copies() {
     let (r, _) = registry(60 * SEC);
     let registered = r
         .register(
-            Registration {
-                metadata: Some([("b".into(), "2".into()), ("a".into(), "1".into())].into()),
-                ..reg("m", "voice")
-            }
-            .validate()
-            .unwrap(),
+            with(reg("m", "voice"), json!({"metadata": {"b": "2", "a": "1"}}))
+                .validate()
+                .unwrap(),
         )
         .unwrap();
     assert_eq!(

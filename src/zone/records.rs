@@ -179,10 +179,10 @@ fn txt_strings(entries: impl IntoIterator<Item = String>) -> Vec<String> {
 
 impl InstanceRecords {
     pub fn new(instance: &Instance) -> Self {
-        let target = match instance.parsed_address() {
-            Address::Ip(ip) => Target::Ip(ip),
+        let target = match &instance.address {
+            Address::Ip(ip) => Target::Ip(*ip),
             Address::Host(host) => {
-                let mut name = Name::from_str(&host).expect("validated host name");
+                let mut name = Name::from_str(host).expect("validated host name");
                 name.set_fqdn(true);
                 Target::Host(Box::new(name))
             }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::{KEY, TestServer};
-use koder_dns::client::{Client, Error, Registrant, Registration};
+use koder_dns::client::{Client, Error, Instance, Registrant};
 
 const TTL: Duration = Duration::from_millis(1500);
 
@@ -24,12 +24,12 @@ fn client(urls: &[&str]) -> Arc<Client> {
     )
 }
 
-fn registration(name: &str) -> Registration {
-    Registration {
-        name: name.to_owned(),
-        address: "127.0.0.1".to_owned(),
+fn registration(name: &str) -> Instance {
+    Instance {
+        name: name.into(),
+        address: "127.0.0.1".parse().unwrap(),
         port: 7000,
-        ..Registration::default()
+        ..Instance::default()
     }
 }
 
@@ -45,7 +45,7 @@ fn free_addr() -> SocketAddr {
 async fn ids(server_base: &str, name: &str) -> Vec<String> {
     let c = client(&[server_base]);
     match c.instances(Some(name)).await {
-        Ok(list) => list.into_iter().map(|i| i.id).collect(),
+        Ok(list) => list.into_iter().map(|i| i.id.to_string()).collect(),
         Err(_) => Vec::new(),
     }
 }
@@ -207,7 +207,7 @@ async fn agent_registers_and_deregisters_on_sigterm_with_the_key_out_of_argv() {
     let instance = &client(&[&server.base]).instances(Some("agent")).await.unwrap()[0];
     assert_eq!(instance.port, 7100);
     assert_eq!(instance.tags, vec!["edge"]);
-    assert_eq!(instance.metadata["jet.domain"], "agent.koder.dev");
+    assert_eq!(instance.metadata.get("jet.domain"), Some("agent.koder.dev"));
     assert_eq!(instance.ttl_ns, 1_500_000_000);
     let cmdline = std::fs::read(format!("/proc/{}/cmdline", child.id())).unwrap();
     assert!(

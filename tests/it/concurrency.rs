@@ -409,18 +409,18 @@ async fn heartbeats_racing_the_reaper_never_resurrect() {
 /// time through 50 ns leases: "once dead, dead until registered again", at the exact boundary.
 #[test]
 fn heartbeat_reap_race_at_the_exact_boundary() {
-    use koder_dns::model::instance::Registration;
+    use koder_dns::model::instance::Instance;
     use koder_dns::registry::Registry;
 
     const IDS: usize = 4;
     let (registry, clock) = Registry::on_manual_clock(50, 100);
     let registry = Arc::new(registry);
     for i in 0..IDS {
-        let spec = Registration {
-            id: Some(format!("r-{i}")),
-            name: Some("race".into()),
-            address: Some("10.0.0.1".into()),
-            port: Some(80),
+        let spec = Instance {
+            id: format!("r-{i}").into(),
+            name: "race".into(),
+            address: "10.0.0.1".parse().unwrap(),
+            port: 80,
             ..Default::default()
         }
         .validate()

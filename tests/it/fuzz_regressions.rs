@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use koder_dns::model::instance::Registration;
+use koder_dns::model::instance::Instance;
 use koder_dns::registry::{Filter, Registry};
 
 fn inputs(target: &str) -> Vec<(String, Vec<u8>)> {
@@ -36,7 +36,7 @@ fn rest_register_regressions() {
     );
     for (file, bytes) in cases {
         let (registry, _) = Registry::on_manual_clock(90_000_000_000, 100);
-        let Ok(body) = koder_dns::api::body::parse::<Registration>(&bytes) else {
+        let Ok(body) = koder_dns::api::body::parse::<Instance>(&bytes) else {
             continue;
         };
         let Ok(spec) = body.validate() else { continue };
@@ -67,11 +67,11 @@ fn dns_request_regressions() {
     );
     let registry = Arc::new(Registry::on_manual_clock(0, 100).0);
     for (id, address) in [("voice-1", "10.0.0.1"), ("voice-6", "2001:db8::6")] {
-        let spec = Registration {
-            id: Some(id.into()),
-            name: Some("voice".into()),
-            address: Some(address.into()),
-            port: Some(5060),
+        let spec = Instance {
+            id: id.into(),
+            name: "voice".into(),
+            address: address.parse().unwrap(),
+            port: 5060,
             ..Default::default()
         };
         registry.register(spec.validate().unwrap()).unwrap();

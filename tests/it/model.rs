@@ -9,7 +9,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use koder_dns::model::clock::ManualClock;
-use koder_dns::model::instance::{Instance, Registration};
+use koder_dns::model::instance::Instance;
 use koder_dns::registry::{Filter, Registry};
 
 /// The registry default lease in the runs that have one.
@@ -224,13 +224,13 @@ fn run(default_ttl: i64, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 healthy,
             } => {
                 let id = IDS[id];
-                let spec = Registration {
-                    id: Some(id.to_owned()),
-                    name: Some(NAMES[name].to_owned()),
-                    address: Some("10.0.0.1".into()),
-                    port: Some(PORTS[port] as i64),
-                    ttl_ns: Some(ttl_ns),
-                    healthy: Some(healthy),
+                let spec = Instance {
+                    id: id.to_owned().into(),
+                    name: NAMES[name].to_owned().into(),
+                    address: "10.0.0.1".parse().unwrap(),
+                    port: PORTS[port],
+                    ttl_ns,
+                    healthy,
                     ..Default::default()
                 }
                 .validate()

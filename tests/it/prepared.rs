@@ -12,7 +12,7 @@ use hickory_server::net::xfer::Protocol;
 use koder_dns::dns::answer::ZoneAnswerer;
 use koder_dns::dns::{Authority, DEFAULT_UDP_MAX_PAYLOAD, WireSettings, handle_full, handle_prepared};
 use koder_dns::model::clock::ManualClock;
-use koder_dns::model::instance::Registration;
+use koder_dns::model::instance::Instance;
 use koder_dns::registry::Registry;
 
 const SRC: &str = "127.0.0.1:40000";
@@ -24,12 +24,12 @@ struct World {
     runtime: tokio::runtime::Runtime,
 }
 
-fn reg(id: &str, name: &str, address: &str, port: i64) -> Registration {
-    Registration {
-        id: Some(id.into()),
-        name: Some(name.into()),
-        address: Some(address.into()),
-        port: Some(port),
+fn reg(id: &str, name: &str, address: &str, port: u16) -> Instance {
+    Instance {
+        id: id.into(),
+        name: name.into(),
+        address: address.parse().unwrap(),
+        port,
         ..Default::default()
     }
 }
@@ -42,27 +42,26 @@ fn world() -> World {
         reg("voice-2", "voice", "10.0.0.2", 5060),
         reg("voice-3", "voice", "10.0.0.2", 5062),
         reg("voice-6", "voice", "2001:db8::6", 5060),
-        Registration {
-            protocol: Some("udp".into()),
+        Instance {
+            protocol: "udp".into(),
             ..reg("voice-udp", "voice", "10.0.0.3", 5061)
         },
         reg("api-host", "api", "API.Internal.Example.", 443),
-        Registration {
-            healthy: Some(false),
+        Instance {
+            healthy: false,
             ..reg("sick", "sick", "10.0.0.9", 9)
         },
-        Registration {
-            ttl_ns: Some(3_500_000_000),
+        Instance {
+            ttl_ns: 3_500_000_000,
             ..reg("brief", "brief", "10.0.0.10", 10)
         },
-        Registration {
-            metadata: Some(
-                [
-                    ("jet.domain".to_owned(), "voice.koder.dev".to_owned()),
-                    ("long".to_owned(), "x".repeat(500)),
-                ]
-                .into(),
-            ),
+        Instance {
+            metadata: [
+                ("jet.domain".to_owned(), "voice.koder.dev".to_owned()),
+                ("long".to_owned(), "x".repeat(500)),
+            ]
+            .into_iter()
+            .collect(),
             ..reg("meta", "meta", "192.0.2.7", 8443)
         },
     ];
@@ -270,8 +269,8 @@ fn prepared_answers_follow_leases() {
         check("brief's lease running out");
     }
     // A re-registration with a shorter lease ends it sooner.
-    let voice1 = Registration {
-        ttl_ns: Some(2_000_000_000),
+    let voice1 = Instance {
+        ttl_ns: 2_000_000_000,
         ..reg("voice-1", "voice", "10.0.0.1", 5060)
     };
     world.registry.register(voice1.validate().unwrap()).unwrap();

@@ -824,7 +824,7 @@ async fn a_100k_instance_zone_transfers_whole_to_knot() {
     let server = common::start_with(|c| primary_settings(c, notify, Signing::Unsigned)).await;
     let registry = &server.running.registry;
     for i in 0..100_000u32 {
-        let registration: koder_dns::model::instance::Registration = serde_json::from_value(json!({
+        let registration: koder_dns::model::instance::Instance = serde_json::from_value(json!({
             "name": format!("svc{}", i / 100),
             "address": format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255),
             "port": 8000,
