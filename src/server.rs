@@ -229,7 +229,7 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
             shutdown.clone(),
         )));
     }
-    let state = AppState {
+    let state = AppState::new(api::Shared {
         store: store.clone(),
         ui: api::ui_page(config.default_ttl),
         watches: api::watch::Watches::new(config.watch_max, shutdown.clone()),
@@ -240,7 +240,7 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
             min: config.min_ttl,
             max: config.max_ttl,
         },
-    };
+    });
     let router = api::router(state, config.http_request_timeout, config.metrics_listen.is_none());
     let limits = api::serve::Limits {
         max_connections: config.http_max_connections,
