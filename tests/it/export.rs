@@ -129,6 +129,11 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// `koder-dns export --url <base> -o <file>`.
+async fn cli_export(base: &str, file: &Path) -> Output {
+    run(&["export", "--url", base, "--api-key", KEY, "-o", file.to_str().unwrap()]).await
+}
+
 async fn cli_drift(server: &TestServer, reference: &Path, json: bool) -> Output {
     let reference = reference.to_str().unwrap();
     let mut args = vec![
@@ -685,16 +690,7 @@ async fn cli_export_writes_the_same_text_as_the_route() {
     fixed_registry(&server).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("koder-service-ports.toml");
-    let out = run(&[
-        "export",
-        "--url",
-        &server.base,
-        "--api-key",
-        KEY,
-        "-o",
-        file.to_str().unwrap(),
-    ])
-    .await;
+    let out = cli_export(&server.base, &file).await;
     assert_eq!(out.status.code(), Some(0), "export failed: {}", stderr(&out));
     let (route, _) = export_text(&server).await;
     let written = std::fs::read_to_string(&file).expect("export wrote the file");
@@ -713,16 +709,7 @@ async fn cli_export_writes_the_same_text_as_the_route() {
     );
 
     // Errors: exit 2 with a message.
-    let out = run(&[
-        "export",
-        "--url",
-        &dead_url(),
-        "--api-key",
-        KEY,
-        "-o",
-        dir.path().join("x.toml").to_str().unwrap(),
-    ])
-    .await;
+    let out = cli_export(&dead_url(), &dir.path().join("x.toml")).await;
     assert_eq!(out.status.code(), Some(2), "unreachable server: {}", stderr(&out));
     assert!(!stderr(&out).is_empty());
     assert!(!dir.path().join("x.toml").exists(), "nothing is written on error");
@@ -737,16 +724,7 @@ async fn cli_drift_exits_0_without_drift() {
     fixed_registry(&server).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("ports.toml");
-    let out = run(&[
-        "export",
-        "--url",
-        &server.base,
-        "--api-key",
-        KEY,
-        "-o",
-        file.to_str().unwrap(),
-    ])
-    .await;
+    let out = cli_export(&server.base, &file).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let out = cli_drift(&server, &file, false).await;
     assert_eq!(

@@ -466,6 +466,44 @@ fn heartbeat_loop(
     })
 }
 
+/// Registers `beat-00`..`beat-19` and `silent` in `service` on 2 s leases, and heart-beats
+/// the twenty every 400 ms (to the URL in the returned cell, which a test moves to a
+/// restarted server) until `stop`; the task returns the ids that got 410.
+async fn twenty_beating_and_one_silent(
+    client: &reqwest::Client,
+    proc: &Proc,
+    service: &str,
+) -> (
+    Arc<AtomicBool>,
+    Arc<Mutex<String>>,
+    tokio::task::JoinHandle<Vec<String>>,
+) {
+    let ttl = 2 * SECOND;
+    let ids: Vec<String> = (0..20).map(|i| format!("beat-{i:02}")).collect();
+    let mut bodies: Vec<Value> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| instance(id, service, i, ttl))
+        .collect();
+    bodies.push(instance("silent", service, 99, ttl));
+    assert!(
+        register_all(client, &proc.base(), bodies, 8)
+            .await
+            .iter()
+            .all(|(_, s)| *s == 200)
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let base = Arc::new(Mutex::new(proc.base()));
+    let beating = heartbeat_loop(
+        client.clone(),
+        base.clone(),
+        ids,
+        Duration::from_millis(400),
+        stop.clone(),
+    );
+    (stop, base, beating)
+}
+
 fn signal(proc: &Proc, sig: &str) {
     let ok = Command::new("kill")
         .args([sig, &proc.child.id().to_string()])
@@ -484,29 +522,7 @@ async fn heartbeating_registrants_never_get_410_across_a_stall_longer_than_the_t
     let data = tmp.path().join("data");
     let proc = launch_ok(&data, &[]).await;
     let client = client();
-    let ttl = 2 * SECOND;
-    let ids: Vec<String> = (0..20).map(|i| format!("beat-{i:02}")).collect();
-    let mut bodies: Vec<Value> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, id)| instance(id, "stall", i, ttl))
-        .collect();
-    bodies.push(instance("silent", "stall", 99, ttl));
-    assert!(
-        register_all(&client, &proc.base(), bodies, 8)
-            .await
-            .iter()
-            .all(|(_, s)| *s == 200)
-    );
-    let stop = Arc::new(AtomicBool::new(false));
-    let base = Arc::new(Mutex::new(proc.base()));
-    let beating = heartbeat_loop(
-        client.clone(),
-        base,
-        ids.clone(),
-        Duration::from_millis(400),
-        stop.clone(),
-    );
+    let (stop, _, beating) = twenty_beating_and_one_silent(&client, &proc, "stall").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     signal(&proc, "-STOP");
@@ -554,29 +570,7 @@ async fn heartbeating_registrants_never_get_410_across_a_restart_longer_than_the
     let data = tmp.path().join("data");
     let proc = launch_ok(&data, &[]).await;
     let client = client();
-    let ttl = 2 * SECOND;
-    let ids: Vec<String> = (0..20).map(|i| format!("beat-{i:02}")).collect();
-    let mut bodies: Vec<Value> = ids
-        .iter()
-        .enumerate()
-        .map(|(i, id)| instance(id, "down", i, ttl))
-        .collect();
-    bodies.push(instance("silent", "down", 99, ttl));
-    assert!(
-        register_all(&client, &proc.base(), bodies, 8)
-            .await
-            .iter()
-            .all(|(_, s)| *s == 200)
-    );
-    let stop = Arc::new(AtomicBool::new(false));
-    let base = Arc::new(Mutex::new(proc.base()));
-    let beating = heartbeat_loop(
-        client.clone(),
-        base.clone(),
-        ids.clone(),
-        Duration::from_millis(400),
-        stop.clone(),
-    );
+    let (stop, base, beating) = twenty_beating_and_one_silent(&client, &proc, "down").await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     proc.kill9();
