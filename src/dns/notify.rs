@@ -1,10 +1,13 @@
 //! NOTIFY (RFC 1996): tells each `--notify` secondary that the service zone's serial moved,
 //! so it transfers at once rather than at its next SOA refresh.
 //!
-//! Coalesced: after a change, wait [`COALESCE`] for more, then send one NOTIFY with the
-//! serial of that moment, so a burst of registrations is one NOTIFY (and one IXFR) per
-//! secondary, not one per change. Each secondary is retried with doubling back-off until it
-//! answers; a newer serial replaces a pending one.
+//! At most one NOTIFY per [`COALESCE`]: the first change after a quiet spell is told at
+//! once, and the changes that follow within the window go out together when it ends, with
+//! the serial of that moment. So a lone registration reaches the secondaries without delay,
+//! and a burst is a few NOTIFYs (and IXFRs) per secondary, not one per change. (Waiting a
+//! window before every NOTIFY put 100 ms into every propagation: Knot's p50 was 124 ms.)
+//! Each secondary is retried with doubling back-off until it answers; a newer serial
+//! replaces a pending one.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,7 +22,7 @@ use tracing::{debug, info, warn};
 use super::Authority;
 use crate::registry::Registry;
 
-/// How long changes are gathered into one NOTIFY.
+/// The shortest time between two NOTIFYs: changes within it are gathered into one.
 pub const COALESCE: Duration = Duration::from_millis(100);
 
 /// The first wait for an answer; doubled at each retry up to [`MAX_BACKOFF`].
@@ -41,16 +44,18 @@ pub async fn run(registry: Arc<Registry>, authority: Authority, targets: Vec<Soc
         let serial = registry.current_serial();
         if *tx.borrow() != serial {
             tx.send_replace(serial);
+            // Changes from here on wait for the window to end, then go out together.
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(COALESCE) => {}
+            }
+            continue;
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = changed => {}
             // Leases that end move the serial without a write: look when the next one is due.
             _ = tokio::time::sleep(registry.until_next_expiry().unwrap_or(Duration::from_secs(3600))) => {}
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(COALESCE) => {}
         }
     }
 }
