@@ -409,10 +409,12 @@ impl Registry {
         }
     }
 
-    /// An instance another node renewed (its stored `updated_at` moved, nothing else):
-    /// extends the lease here to that renewal's end plus `grace` without a new view.
-    /// Returns false when the id is unknown here or differs in more than the stamp and the
-    /// health flag (each node's checker owns that flag): the caller then replaces it.
+    /// An instance another node renewed (its stored `updated_at` moved) or flipped the
+    /// health flag of (the node whose checker owns the instance wrote its verdict): extends
+    /// the lease here to that renewal's end plus `grace`, and takes the stored flag, without
+    /// an event (the flag is the store's already, nothing is to be written back). Returns
+    /// false when the id is unknown here or differs in more than the stamp and the flag:
+    /// the caller then replaces it.
     pub fn renewed_elsewhere(&self, instance: &Instance, grace: Nanos) -> bool {
         let Some(mut entry) = self.instances.get_mut(instance.id.as_str()) else {
             return false;
@@ -433,6 +435,14 @@ impl Registry {
             entry.instance.updated_at = entry.instance.updated_at.max(instance.updated_at);
             let id = entry.key().clone();
             self.move_lease(&id, &entry.lease, deadline);
+        }
+        if entry.instance.healthy != instance.healthy {
+            entry.instance.healthy = instance.healthy;
+            let member = self.member(entry.key(), &entry.instance, entry.lease.clone(), true);
+            self.put_member(&entry.instance.name, member.clone());
+            entry.member = member;
+            drop(entry);
+            self.bump();
         }
         true
     }
