@@ -975,7 +975,8 @@ async fn checks_running(client: &reqwest::Client, node: &Proc) -> u64 {
 /// Whether `node` lists every one of `ids` with `healthy` = `want`.
 async fn all_flagged(client: &reqwest::Client, node: &Proc, ids: &[String], want: bool) -> bool {
     let listed = listed(client, node).await;
-    ids.iter().all(|id| listed.get(id).is_some_and(|i| i["healthy"] == want))
+    ids.iter()
+        .all(|id| listed.get(id).is_some_and(|i| i["healthy"] == want))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1042,9 +1043,11 @@ async fn each_checked_instance_is_probed_by_one_node_and_every_node_serves_its_v
     );
     target.fail(false);
     for node in &n.procs {
-        until("every node lists them healthy again", Duration::from_secs(4), async || {
-            all_flagged(&client, node, &ids, true).await
-        })
+        until(
+            "every node lists them healthy again",
+            Duration::from_secs(4),
+            async || all_flagged(&client, node, &ids, true).await,
+        )
         .await;
     }
 }
@@ -1078,7 +1081,10 @@ async fn health_checks_move_off_a_killed_node_within_its_membership_lease_and_on
     }
     let owner = owner.expect("an owner");
     until("probed", Duration::from_secs(2), async || {
-        target.probes("/moving", Instant::now() - Duration::from_secs(10), Instant::now()).len() >= 2
+        target
+            .probes("/moving", Instant::now() - Duration::from_secs(10), Instant::now())
+            .len()
+            >= 2
     })
     .await;
 
@@ -1119,4 +1125,32 @@ async fn health_checks_move_off_a_killed_node_within_its_membership_lease_and_on
         .await;
         assert_eq!(srv(node.dns, "checked").await, 0);
     }
+
+    // A node stopped cleanly leaves at once (its membership lease is revoked): the last node
+    // takes the check over well within the lease's 3s, and its verdict rises.
+    let mut owner = None;
+    for (i, node) in n.procs.iter().enumerate() {
+        if checks_running(&client, node).await == 1 {
+            owner = Some(i);
+        }
+    }
+    let stopping = Instant::now();
+    let (status, _) = n.procs.remove(owner.expect("an owner")).terminate().await;
+    assert_eq!(status.code(), Some(0));
+    let after = Instant::now();
+    until("probes resume from the last node", Duration::from_secs(5), async || {
+        !target
+            .probes("/moving", after, Instant::now() + Duration::from_secs(1))
+            .is_empty()
+    })
+    .await;
+    let moved = target.probes("/moving", after, Instant::now() + Duration::from_secs(1))[0] - stopping;
+    eprintln!("SIGTERM of the owner -> first probe from the last node: {moved:?}");
+    assert!(moved < Duration::from_millis(2500), "{moved:?}: not at once");
+    assert_eq!(checks_running(&client, &n.procs[0]).await, 1);
+    target.fail(false);
+    until("healthy again on the last node", Duration::from_secs(3), async || {
+        all_flagged(&client, &n.procs[0], &ids, true).await
+    })
+    .await;
 }
