@@ -21,6 +21,12 @@
 //!   holder of the `<prefix>leader` key (on an etcd lease), deletes expired keys, each
 //!   compared on its `mod_revision` (a renewal that raced it wins) and on the leader key's
 //!   `create_revision` (a former leader's late delete fails).
+//! - Health checks are spread over the live nodes: each node keeps `<prefix>members/<id>`
+//!   on an etcd lease of [`MEMBER_TTL_S`] and follows the others' keys (see
+//!   the health checker for who probes what). The owner of an instance writes its
+//!   verdict at once ([`Etcd::set_health`]), compared on the key's `mod_revision`, and every
+//!   node takes the flag from its watch ([`Registry::renewed_elsewhere`]); renewal batches
+//!   carry the flag each node applied, compared the same way, so none overwrites a newer one.
 //! - etcd unreachable or without quorum: reads go on from the local copy, writes and
 //!   heartbeats get 503, and every lease is held at least one TTL ahead, so nothing
 //!   expires because its heartbeats could not be taken; the watch resumes from the last

@@ -56,7 +56,8 @@ pub enum Event {
     /// Lease renewed by a heartbeat: said once, then not again until the durable store has
     /// read the instance ([`Registry::to_persist`]), so a busy heartbeat costs no message.
     Renewed(Arc<str>),
-    /// The health checker flipped the flag.
+    /// The health checker flipped the flag here. A flag taken from the shared store (on
+    /// etcd every verdict is, the owner's own too) says nothing: it is stored already.
     HealthChanged(Arc<str>),
 }
 
