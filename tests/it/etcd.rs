@@ -1080,6 +1080,12 @@ async fn health_checks_move_off_a_killed_node_within_its_membership_lease_and_on
         }
     }
     let owner = owner.expect("an owner");
+    for node in &n.procs {
+        let health = healthz(&client, node).await;
+        let members = health["members"].as_array().expect("/healthz lists the live nodes");
+        assert_eq!(members.len(), 3, "{health}");
+        assert!(members.contains(&health["node"]), "{health}");
+    }
     until("probed", Duration::from_secs(2), async || {
         target
             .probes("/moving", Instant::now() - Duration::from_secs(10), Instant::now())
@@ -1101,6 +1107,14 @@ async fn health_checks_move_off_a_killed_node_within_its_membership_lease_and_on
     .await;
     let moved = target.probes("/moving", after, Instant::now() + Duration::from_secs(1))[0] - killed;
     eprintln!("kill -9 of the owner -> first probe from a survivor: {moved:?}");
+    for node in &n.procs {
+        let health = healthz(&client, node).await;
+        assert_eq!(
+            health["members"].as_array().unwrap().len(),
+            2,
+            "the killed node left: {health}"
+        );
+    }
     assert!(
         moved <= Duration::from_millis(3000 + 500 + 1500),
         "the check moved in {moved:?}: more than the membership TTL + one interval + slack"
