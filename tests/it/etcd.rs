@@ -1006,7 +1006,8 @@ async fn each_checked_instance_is_probed_by_one_node_and_every_node_serves_its_v
     for node in &n.procs {
         shares.push(checks_running(&client, node).await);
     }
-    // One prober per instance: about 10 probes in 3s at 300ms (±10% jitter), not 30.
+    // One prober per instance: about 10 probes in 3s at 300ms (±10% jitter), not 30 (the
+    // bounds leave room for a loaded machine).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let from = Instant::now();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -1015,7 +1016,7 @@ async fn each_checked_instance_is_probed_by_one_node_and_every_node_serves_its_v
     for id in &ids {
         let probes = target.probes(&format!("/{id}"), from, to);
         assert!(
-            (7..=13).contains(&probes.len()),
+            (5..=15).contains(&probes.len()),
             "{id} probed {} times in 3s at a 300ms interval: not one prober",
             probes.len()
         );
