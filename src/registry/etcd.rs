@@ -228,23 +228,26 @@ impl Etcd {
         {
             etcd.registry.blind_between(at, etcd.registry.now());
         }
+        // Joined before serving, so that this node's share of the health checks is known
+        // from its first moment; and before the load, so that the watch starts right after
+        // the revision loaded (etcd delivers at once to a watch from its current revision,
+        // and catches an older one up only every 100 ms).
+        let lease = tokio::time::timeout(Duration::from_secs(10), etcd.join())
+            .await
+            .map_err(|_| anyhow::anyhow!("etcd did not answer within 10s"))
+            .and_then(|r| r.map_err(anyhow::Error::from))
+            .context("cannot join the live nodes in etcd")?;
+        let members_revision = tokio::time::timeout(Duration::from_secs(10), etcd.load_members())
+            .await
+            .map_err(|_| anyhow::anyhow!("etcd did not answer within 10s"))
+            .and_then(|r| r.map_err(anyhow::Error::from))
+            .context("cannot read the live nodes from etcd")?;
         let revision = tokio::time::timeout(Duration::from_secs(10), etcd.load())
             .await
             .map_err(|_| anyhow::anyhow!("etcd did not answer within 10s"))
             .and_then(|r| r.map_err(anyhow::Error::from))
             .with_context(|| format!("cannot load the registry from etcd under {}", etcd.instances))?;
         info!(revision, instances = etcd.revisions.len(), node = %etcd.node_id, "registry loaded from etcd");
-        // Joined before serving, so that this node's share of the health checks is known
-        // from its first moment.
-        let lease = tokio::time::timeout(Duration::from_secs(10), etcd.join())
-            .await
-            .map_err(|_| anyhow::anyhow!("etcd did not answer within 10s"))
-            .and_then(|r| r.map_err(anyhow::Error::from))
-            .context("cannot join the live nodes in etcd")?;
-        let members_revision = etcd
-            .load_members()
-            .await
-            .context("cannot read the live nodes from etcd")?;
         let renewals = etcd.registry.subscribe();
         let tasks = vec![
             tokio::spawn(etcd.clone().stay_member(lease)),
