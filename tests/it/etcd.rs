@@ -1098,9 +1098,10 @@ async fn health_checks_move_off_a_killed_node_within_its_membership_lease_and_on
     n.procs.remove(owner).kill9();
     let killed = Instant::now();
     // A probe the killed node had under way may land just after the kill; any later one is a
-    // survivor's. Bound: membership TTL (3s) + one check interval (0.5s) + slack.
+    // survivor's. Bound: membership TTL (3s) + one check interval (0.5s) + slack (etcd
+    // checks for ended leases every 0.5s; a loaded machine).
     let after = killed + Duration::from_millis(300);
-    until("probes resume from a survivor", Duration::from_secs(7), async || {
+    until("probes resume from a survivor", Duration::from_secs(8), async || {
         !target
             .probes("/moving", after, Instant::now() + Duration::from_secs(1))
             .is_empty()
@@ -1117,7 +1118,7 @@ async fn health_checks_move_off_a_killed_node_within_its_membership_lease_and_on
         );
     }
     assert!(
-        moved <= Duration::from_millis(3000 + 500 + 1500),
+        moved <= Duration::from_millis(3000 + 500 + 2000),
         "the check moved in {moved:?}: more than the membership TTL + one interval + slack"
     );
     let mut running = Vec::new();
