@@ -257,7 +257,8 @@ settings! {
     etcd_prefix: String = "/koder-dns/", "KODER_DNS_ETCD_PREFIX", "PREFIX", crate::cluster::prefix,
         "Key prefix of this registry in etcd; nodes with the same prefix share one registry.";
     node_id: String = "auto", "KODER_DNS_NODE_ID", "ID", parsed,
-        "This node's name among the etcd nodes (the expiry leader's lock says it); auto = host:http-port.";
+        "This node's name among the etcd nodes (its membership key and the expiry leader's lock say it; \
+         each node's must differ); auto = host:http-port.";
 }
 
 /// Reads the `--config` file, refusing keys that are no setting.

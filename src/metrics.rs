@@ -51,6 +51,7 @@ pub struct Metrics {
     expiries: Counter,
     health_checks: Family<Labels1, Counter>,
     health_check_seconds: Histogram,
+    health_checks_running: Gauge,
     http_requests: Family<RequestLabels, Counter>,
     http_request_seconds: Family<RouteLabel, Histogram, fn() -> Histogram>,
     store_commits: Family<Labels1, Counter>,
@@ -65,6 +66,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     expiries: Counter::default(),
     health_checks: Family::default(),
     health_check_seconds: histogram(),
+    health_checks_running: Gauge::default(),
     http_requests: Family::default(),
     http_request_seconds: Family::new_with_constructor(histogram),
     store_commits: Family::default(),
@@ -108,6 +110,11 @@ pub fn health_check(passed: bool, took: Duration) {
         .get_or_create(&[("result", if passed { "pass" } else { "fail" })])
         .inc();
     m.health_check_seconds.observe(took.as_secs_f64());
+}
+
+/// How many instances this node checks now (on etcd: its share of the checked ones).
+pub fn health_checks_running(n: usize) {
+    get().health_checks_running.set(n as i64);
 }
 
 /// The request counters of one route pattern (not the raw path, so ids make no new
@@ -308,6 +315,11 @@ impl Exposition {
             "health_check_duration_seconds",
             "Time a health-check probe took",
             m.health_check_seconds.clone(),
+        );
+        p.register(
+            "health_checks_running",
+            "Instances this node runs a health check for (on etcd, its share of the checked instances)",
+            m.health_checks_running.clone(),
         );
         p.register(
             "http_requests",

@@ -261,7 +261,7 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         concurrency: config.check_concurrency,
     };
     tasks.push(tokio::spawn(health::run(
-        registry.clone(),
+        store.clone(),
         health_events,
         health,
         shutdown.clone(),

@@ -138,7 +138,14 @@ async fn method_not_allowed(State(keys): State<Arc<ApiKeys>>, uri: Uri, headers:
 async fn healthz(State(app): State<AppState>) -> axum::Json<serde_json::Value> {
     let disk = app.store.disk_status();
     let status = if disk.state == "ok" { "ok" } else { "degraded" };
-    axum::Json(serde_json::json!({ "status": status, "disk": disk }))
+    let mut body = serde_json::json!({ "status": status, "disk": disk });
+    // On etcd: this node and the live nodes the health checks are spread over.
+    if let Some(membership) = app.store.membership() {
+        let members: Vec<String> = membership.members.borrow().iter().map(|m| m.to_string()).collect();
+        body["node"] = membership.me.to_string().into();
+        body["members"] = members.into();
+    }
+    axum::Json(body)
 }
 
 /// `GET /metrics`: no key, like `/healthz`, so a Prometheus needs no secret to scrape.

@@ -1,9 +1,12 @@
 //! Health checks (R6): the checker that drives each instance's `healthy` flag.
 //!
-//! One task per checked instance, started and stopped by registry events, so there is at
-//! most one probe in flight per instance and checks end when the instance goes. A shared
+//! One task per checked instance this node owns, started and stopped by registry events
+//! and by changes of the live nodes (see [`owners`]: on etcd the checks are spread over the
+//! nodes, on redb every check is the one node's), so there is at most one probe in flight
+//! per instance and checks end when the instance goes or moves to another node. A shared
 //! semaphore bounds the probes in flight server-wide; jitter spreads them over time.
 
+mod owners;
 mod probe;
 
 use std::collections::HashMap;
@@ -17,6 +20,9 @@ use tracing::{info, warn};
 use crate::model::check::{CheckKind, CheckSpec};
 pub use probe::Target;
 
+pub use owners::{Owners, owner};
+
+use crate::registry::store::Store;
 use crate::registry::{Event, Registry};
 
 #[derive(Clone, Debug)]
@@ -36,24 +42,75 @@ fn target_of(registry: &Registry, id: &str, default: CheckKind) -> Option<Target
     (kind != CheckKind::None).then(|| Target::new(&instance, &check, kind))
 }
 
+/// A checked instance: its check, and the task running it while this node owns it.
+struct Check {
+    target: Target,
+    running: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+}
+
+impl Check {
+    fn stop(&mut self) {
+        if let Some((cancel, _)) = self.running.take() {
+            cancel.cancel();
+        }
+    }
+}
+
 /// Runs until `shutdown`. `events` must be subscribed before instances are registered or
-/// restored, so that none is missed.
+/// restored, so that none is missed. Every checked instance is known here; only those
+/// `owners` gives this node are probed, and a change of the live nodes moves checks at once.
 pub async fn run(
-    registry: Arc<Registry>,
+    store: Arc<Store>,
     mut events: tokio::sync::mpsc::UnboundedReceiver<Event>,
     settings: Settings,
     shutdown: CancellationToken,
 ) {
+    let registry = store.registry.clone();
+    let mut owners = Owners::new(store.membership());
     let http = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .pool_max_idle_per_host(0)
         .build()
         .expect("HTTP client");
     let permits = Arc::new(Semaphore::new(settings.concurrency));
-    let mut checks: HashMap<Arc<str>, (Target, CancellationToken, tokio::task::JoinHandle<()>)> = HashMap::new();
+    let mut checks: HashMap<Arc<str>, Check> = HashMap::new();
+    let start = |id: &Arc<str>, target: &Target| {
+        let cancel = shutdown.child_token();
+        let task = tokio::spawn(check_loop(
+            store.clone(),
+            id.clone(),
+            target.clone(),
+            settings.clone(),
+            http.clone(),
+            permits.clone(),
+            cancel.clone(),
+        ));
+        Some((cancel, task))
+    };
     loop {
         let event = tokio::select! {
             _ = shutdown.cancelled() => break,
+            _ = owners.changed() => {
+                // Rendezvous hashing: only the checks of the node that left or joined move.
+                let (mut started, mut stopped) = (0, 0);
+                for (id, check) in &mut checks {
+                    match (owners.owns(id), &check.running) {
+                        (true, None) => {
+                            check.running = start(id, &check.target);
+                            started += 1;
+                        }
+                        (false, Some(_)) => {
+                            check.stop();
+                            stopped += 1;
+                        }
+                        _ => {}
+                    }
+                }
+                let running = checks.values().filter(|c| c.running.is_some()).count();
+                info!(started, stopped, running, checked = checks.len(), "live nodes changed: health checks re-spread");
+                crate::metrics::health_checks_running(running);
+                continue;
+            }
             event = events.recv() => match event {
                 Some(event) => event,
                 None => break,
@@ -65,34 +122,34 @@ pub async fn run(
             Event::Renewed(_) | Event::HealthChanged(_) => continue,
         };
         let id = event.id().clone();
+        let Some(target) = target else {
+            if let Some(mut check) = checks.remove(&id) {
+                check.stop();
+            }
+            crate::metrics::health_checks_running(checks.values().filter(|c| c.running.is_some()).count());
+            continue;
+        };
+        let owned = owners.owns(&id);
+        let check = checks.entry(id.clone()).or_insert_with(|| Check {
+            target: target.clone(),
+            running: None,
+        });
         // Unchanged settings keep the running check and its counters. A loop that ended (its
         // instance expired before this re-registration) counts as no check.
-        if let Some((running, _, task)) = checks.get(&id)
-            && Some(running) == target.as_ref()
-            && !task.is_finished()
-        {
-            continue;
+        let alive = check.running.as_ref().is_some_and(|(_, task)| !task.is_finished());
+        if check.target != target || !alive || !owned {
+            check.stop();
+            check.target = target;
         }
-        if let Some((_, cancel, _)) = checks.remove(&id) {
-            cancel.cancel();
+        if owned && check.running.is_none() {
+            check.running = start(&id, &check.target);
         }
-        if let Some(target) = target {
-            let cancel = shutdown.child_token();
-            let task = tokio::spawn(check_loop(
-                registry.clone(),
-                id.clone(),
-                target.clone(),
-                settings.clone(),
-                http.clone(),
-                permits.clone(),
-                cancel.clone(),
-            ));
-            checks.insert(id, (target, cancel, task));
-        }
+        crate::metrics::health_checks_running(checks.values().filter(|c| c.running.is_some()).count());
     }
-    for (_, cancel, _) in checks.into_values() {
-        cancel.cancel();
+    for check in checks.values_mut() {
+        check.stop();
     }
+    crate::metrics::health_checks_running(0);
 }
 
 /// `interval` give or take 10%, so checks registered together drift apart.
@@ -101,7 +158,7 @@ fn jittered(interval: Duration) -> Duration {
 }
 
 async fn check_loop(
-    registry: Arc<Registry>,
+    store: Arc<Store>,
     id: Arc<str>,
     target: Target,
     settings: Settings,
@@ -112,6 +169,7 @@ async fn check_loop(
     // The first probe comes within one interval, at a random point of it.
     let mut delay = target.interval.mul_f64(fastrand::f64());
     let (mut failures, mut successes) = (0u32, 0u32);
+    let registry = &store.registry;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -133,14 +191,14 @@ async fn check_loop(
             Ok(()) => {
                 failures = 0;
                 successes = successes.saturating_add(1);
-                if !instance.healthy && successes >= settings.rise && registry.set_health(&id, true) {
+                if !instance.healthy && successes >= settings.rise && store.set_health(&id, true).await {
                     info!(id = %id, service = %instance.name, check = %target.kind, "instance healthy again");
                 }
             }
             Err(reason) => {
                 successes = 0;
                 failures = failures.saturating_add(1);
-                if instance.healthy && failures >= settings.fall && registry.set_health(&id, false) {
+                if instance.healthy && failures >= settings.fall && store.set_health(&id, false).await {
                     warn!(id = %id, service = %instance.name, check = %target.kind, %reason, "instance unhealthy");
                 }
             }

@@ -21,6 +21,12 @@
 //!   holder of the `<prefix>leader` key (on an etcd lease), deletes expired keys, each
 //!   compared on its `mod_revision` (a renewal that raced it wins) and on the leader key's
 //!   `create_revision` (a former leader's late delete fails).
+//! - Health checks are spread over the live nodes: each node keeps `<prefix>members/<id>`
+//!   on an etcd lease of [`MEMBER_TTL_S`] and follows the others' keys (see
+//!   the health checker for who probes what). The owner of an instance writes its
+//!   verdict at once ([`Etcd::set_health`]), compared on the key's `mod_revision`, and every
+//!   node takes the flag from its watch ([`Registry::renewed_elsewhere`]); renewal batches
+//!   carry the flag each node applied, compared the same way, so none overwrites a newer one.
 //! - etcd unreachable or without quorum: reads go on from the local copy, writes and
 //!   heartbeats get 503, and every lease is held at least one TTL ahead, so nothing
 //!   expires because its heartbeats could not be taken; the watch resumes from the last
@@ -58,6 +64,11 @@ const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// The expiry leader's etcd lease: a dead leader is replaced within this.
 const LEADER_TTL_S: i64 = 3;
+/// A node's membership lease: a node that stops renewing it (killed, cut off from etcd)
+/// leaves the live members this long after its last renewal, and its health checks move.
+pub const MEMBER_TTL_S: i64 = 3;
+/// How often a node renews its membership lease: three tries within one TTL.
+const MEMBER_RENEW_EVERY: Duration = Duration::from_secs(1);
 /// Renewals (a compare and a put each) per transaction: etcd's `--max-txn-ops` is 128.
 const TXN_RENEWALS: usize = 64;
 /// Instances per page at start and at a reload.
@@ -105,6 +116,12 @@ pub struct Etcd {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// The etcd lease of the leader key while this node holds it.
     leader_lease: Mutex<Option<i64>>,
+    /// `<prefix>members/`: one key per live node, on that node's own lease.
+    members_prefix: String,
+    /// The live nodes' ids, sorted, as this node last saw them.
+    members: watch::Sender<Arc<[Arc<str>]>>,
+    /// The etcd lease of this node's membership key.
+    member_lease: Mutex<Option<i64>>,
 }
 
 /// Connects; etcd-client balances over the endpoints and fails over between them.
@@ -191,6 +208,9 @@ impl Etcd {
             shutdown: CancellationToken::new(),
             tasks: Mutex::new(Vec::new()),
             leader_lease: Mutex::new(None),
+            members_prefix: format!("{}members/", settings.prefix),
+            members: watch::Sender::new(Arc::from([])),
+            member_lease: Mutex::new(None),
         });
         // After every node was down, leases that ran out meanwhile are kept unserved until
         // their registrants are heard from, as after a single node's restart, instead of
@@ -208,6 +228,20 @@ impl Etcd {
         {
             etcd.registry.blind_between(at, etcd.registry.now());
         }
+        // Joined before serving, so that this node's share of the health checks is known
+        // from its first moment; and before the load, so that the watch starts right after
+        // the revision loaded (etcd delivers at once to a watch from its current revision,
+        // and catches an older one up only every 100 ms).
+        let lease = tokio::time::timeout(Duration::from_secs(10), etcd.join())
+            .await
+            .map_err(|_| anyhow::anyhow!("etcd did not answer within 10s"))
+            .and_then(|r| r.map_err(anyhow::Error::from))
+            .context("cannot join the live nodes in etcd")?;
+        let members_revision = tokio::time::timeout(Duration::from_secs(10), etcd.load_members())
+            .await
+            .map_err(|_| anyhow::anyhow!("etcd did not answer within 10s"))
+            .and_then(|r| r.map_err(anyhow::Error::from))
+            .context("cannot read the live nodes from etcd")?;
         let revision = tokio::time::timeout(Duration::from_secs(10), etcd.load())
             .await
             .map_err(|_| anyhow::anyhow!("etcd did not answer within 10s"))
@@ -216,6 +250,8 @@ impl Etcd {
         info!(revision, instances = etcd.revisions.len(), node = %etcd.node_id, "registry loaded from etcd");
         let renewals = etcd.registry.subscribe();
         let tasks = vec![
+            tokio::spawn(etcd.clone().stay_member(lease)),
+            tokio::spawn(etcd.clone().follow_members(members_revision)),
             tokio::spawn(etcd.clone().follow()),
             tokio::spawn(etcd.clone().write_renewals(renewals, settings.persist_interval)),
             tokio::spawn(etcd.clone().probe()),
@@ -775,6 +811,203 @@ impl Etcd {
         }
     }
 
+    /// Puts this node's membership key on a fresh lease of [`MEMBER_TTL_S`]; returns the lease.
+    async fn join(&self) -> Result<i64, etcd_client::Error> {
+        let lease = retrying(&self.client, |mut client| async move {
+            client.lease_grant(MEMBER_TTL_S, None).await
+        })
+        .await?
+        .id();
+        let key = format!("{}{}", self.members_prefix, self.node_id);
+        retrying(&self.client, |mut client| {
+            let (key, id) = (key.clone(), self.node_id.clone());
+            async move { client.put(key, id, Some(PutOptions::new().with_lease(lease))).await }
+        })
+        .await?;
+        *self.member_lease.lock() = Some(lease);
+        info!(node = %self.node_id, ttl_s = MEMBER_TTL_S, "joined the live nodes");
+        Ok(lease)
+    }
+
+    /// Renews the membership lease every [`MEMBER_RENEW_EVERY`]; joins again when etcd
+    /// says the lease ended (this node was cut off from etcd for longer than the TTL, and
+    /// the others took its health checks over meanwhile).
+    async fn stay_member(self: Arc<Self>, mut lease: i64) {
+        while !self.shutdown.is_cancelled() {
+            let kept = retrying(&self.client, |mut client| async move {
+                client.lease_keep_alive(lease).await
+            });
+            let (mut keeper, mut answers) = match tokio::time::timeout(CALL_TIMEOUT, kept).await {
+                Ok(Ok(kept)) => kept,
+                _ => {
+                    self.pause(MEMBER_RENEW_EVERY).await;
+                    continue;
+                }
+            };
+            loop {
+                let renewed = async {
+                    keeper.keep_alive().await?;
+                    answers.message().await
+                };
+                match tokio::time::timeout(MEMBER_RENEW_EVERY, renewed).await {
+                    Ok(Ok(Some(answer))) if answer.ttl() > 0 => {}
+                    Ok(Ok(Some(_))) => {
+                        warn!(node = %self.node_id, "this node's membership lease ended; joining the live nodes again");
+                        self.pause(Duration::from_millis(100)).await;
+                        match self.join().await {
+                            Ok(fresh) => lease = fresh,
+                            Err(e) => self.failed(&format!("cannot join the live nodes: {e}")),
+                        }
+                        break;
+                    }
+                    // No answer: a new keeper, on the same lease while it lasts.
+                    _ => break,
+                }
+                self.pause(MEMBER_RENEW_EVERY).await;
+                if self.shutdown.is_cancelled() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reads the live nodes; returns the revision read at.
+    async fn load_members(&self) -> Result<i64, etcd_client::Error> {
+        let answer = retrying(&self.client, |mut client| {
+            let key = self.members_prefix.clone();
+            async move { client.get(key, Some(GetOptions::new().with_prefix())).await }
+        })
+        .await?;
+        let members = answer
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8_lossy(kv.key());
+                key.strip_prefix(&self.members_prefix).map(Arc::<str>::from)
+            })
+            .collect();
+        self.set_members(members);
+        Ok(answer.header().map_or(0, |h| h.revision()))
+    }
+
+    fn set_members(&self, members: std::collections::BTreeSet<Arc<str>>) {
+        let members: Arc<[Arc<str>]> = members.into_iter().collect();
+        self.members.send_if_modified(|known| {
+            let changed = *known != members;
+            if changed {
+                info!(node = %self.node_id, members = ?members.iter().map(|m| &**m).collect::<Vec<_>>(), "live nodes");
+                *known = members;
+            }
+            changed
+        });
+    }
+
+    /// Follows the live nodes with a watch on `<prefix>members/` from `revision`; after a
+    /// break, reads them again and watches on from there.
+    async fn follow_members(self: Arc<Self>, mut revision: i64) {
+        while !self.shutdown.is_cancelled() {
+            if revision == 0 {
+                match tokio::time::timeout(CALL_TIMEOUT, self.load_members()).await {
+                    Ok(Ok(read)) => revision = read,
+                    _ => {
+                        self.pause(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                }
+            }
+            let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+            let mut client = self.client.clone();
+            let watched = client.watch(self.members_prefix.clone(), Some(options));
+            let Ok(Ok(mut stream)) = tokio::time::timeout(CALL_TIMEOUT, watched).await else {
+                revision = 0;
+                self.pause(Duration::from_millis(200)).await;
+                continue;
+            };
+            loop {
+                let message = tokio::select! {
+                    _ = self.shutdown.cancelled() => return,
+                    message = stream.message() => message,
+                };
+                let Ok(Some(response)) = message else { break };
+                if response.canceled() {
+                    break;
+                }
+                if response.events().is_empty() {
+                    continue;
+                }
+                let mut members: std::collections::BTreeSet<Arc<str>> = self.members.borrow().iter().cloned().collect();
+                for event in response.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    let key = String::from_utf8_lossy(kv.key());
+                    let Some(id) = key.strip_prefix(&self.members_prefix) else {
+                        continue;
+                    };
+                    match event.event_type() {
+                        EventType::Put => members.insert(id.into()),
+                        EventType::Delete => members.remove(id),
+                    };
+                }
+                self.set_members(members);
+            }
+            // Read again rather than resume: the members are few.
+            revision = 0;
+            self.pause(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// This node's id and the live nodes, for spreading the health checks.
+    pub fn membership(&self) -> super::store::Membership {
+        super::store::Membership {
+            me: self.node_id.as_str().into(),
+            members: self.members.subscribe(),
+        }
+    }
+
+    /// The owner's health verdict as an etcd transaction, compared on the key's
+    /// `mod_revision` like a renewal: when the key changed elsewhere meanwhile (a renewal
+    /// batch, a re-registration) this node catches up and decides again on what it then
+    /// holds; a deregistration ends it. Applied here at once, on the other nodes through
+    /// their watch. True when the flag changed.
+    pub async fn set_health(&self, id: &str, healthy: bool) -> Result<bool, StoreError> {
+        self.writable()?;
+        let key = self.key(id);
+        for _ in 0..RETRIES {
+            // Read before the registry, as a registration does.
+            let Some(known) = self.revisions.get(id).map(|r| *r) else {
+                return Ok(false);
+            };
+            let Some(mut instance) = self.registry.to_persist(id) else {
+                return Ok(false);
+            };
+            if instance.healthy == healthy {
+                // Stored already; a passing check still confirms an instance parked after
+                // every node was down (see [`Registry::blind_between`]), here.
+                return Ok(self.registry.set_health(id, healthy));
+            }
+            instance.healthy = healthy;
+            let json = serde_json::to_vec(&instance).expect("instances serialise");
+            let txn = Txn::new()
+                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, known)])
+                .and_then([TxnOp::put(key.clone(), json, None)]);
+            let answer = self.txn("health verdict", txn).await?;
+            let revision = answer.header().map_or(0, |h| h.revision());
+            if answer.succeeded() {
+                {
+                    let _applying = self.applying.lock();
+                    if *self.applied.borrow() < revision {
+                        self.apply_instance(id.into(), instance, revision);
+                    }
+                }
+                self.registry.set_health(id, healthy);
+                return Ok(true);
+            }
+            self.wait_applied(revision).await?;
+        }
+        Err(StoreError::Unavailable(
+            "the instance kept changing on other nodes; the verdict is decided again after the next probe".into(),
+        ))
+    }
+
     /// The connection's state for `/healthz`, in the disk's shape: `ok` or `unreachable`.
     pub fn status(&self) -> DiskStatus {
         DiskStatus {
@@ -789,15 +1022,17 @@ impl Etcd {
     }
 
     /// Writes the pending renewals, gives up the leader key (another node takes over at
-    /// once, not after its lease) and stops following.
+    /// once, not after its lease), leaves the live nodes and stops following.
     pub async fn close(&self) -> Result<(), String> {
         self.shutdown.cancel();
         let tasks = std::mem::take(&mut *self.tasks.lock());
         for task in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
-        let lease = self.leader_lease.lock().take();
-        if let Some(lease) = lease {
+        // Leaving at once rather than after the lease: the other nodes take this node's
+        // health checks over now.
+        let leases = [self.leader_lease.lock().take(), self.member_lease.lock().take()];
+        for lease in leases.into_iter().flatten() {
             let mut client = self.client.clone();
             let _ = tokio::time::timeout(CALL_TIMEOUT, client.lease_revoke(lease)).await;
         }

@@ -56,7 +56,8 @@ pub enum Event {
     /// Lease renewed by a heartbeat: said once, then not again until the durable store has
     /// read the instance ([`Registry::to_persist`]), so a busy heartbeat costs no message.
     Renewed(Arc<str>),
-    /// The health checker flipped the flag.
+    /// The health checker flipped the flag here. A flag taken from the shared store (on
+    /// etcd every verdict is, the owner's own too) says nothing: it is stored already.
     HealthChanged(Arc<str>),
 }
 
@@ -411,10 +412,12 @@ impl Registry {
         }
     }
 
-    /// An instance another node renewed (its stored `updated_at` moved, nothing else):
-    /// extends the lease here to that renewal's end plus `grace` without a new view.
-    /// Returns false when the id is unknown here or differs in more than the stamp and the
-    /// health flag (each node's checker owns that flag): the caller then replaces it.
+    /// An instance another node renewed (its stored `updated_at` moved) or flipped the
+    /// health flag of (the node whose checker owns the instance wrote its verdict): extends
+    /// the lease here to that renewal's end plus `grace`, and takes the stored flag, without
+    /// an event (the flag is the store's already, nothing is to be written back). Returns
+    /// false when the id is unknown here or differs in more than the stamp and the flag:
+    /// the caller then replaces it.
     pub fn renewed_elsewhere(&self, instance: &Instance, grace: Nanos) -> bool {
         let Some(mut entry) = self.instances.get_mut(instance.id.as_str()) else {
             return false;
@@ -435,6 +438,14 @@ impl Registry {
             entry.instance.updated_at = entry.instance.updated_at.max(instance.updated_at);
             let id = entry.key().clone();
             self.move_lease(&id, &entry.lease, deadline);
+        }
+        if entry.instance.healthy != instance.healthy {
+            entry.instance.healthy = instance.healthy;
+            let member = self.member(entry.key(), &entry.instance, entry.lease.clone(), true);
+            self.put_member(&entry.instance.name, member.clone());
+            entry.member = member;
+            drop(entry);
+            self.bump();
         }
         true
     }

@@ -28,6 +28,14 @@ pub enum StoreError {
     OutcomeUnknown(String),
 }
 
+/// The live nodes sharing the registry (on etcd), for spreading the health checks over
+/// them: this node's id and the ids of every node whose membership lease is alive, sorted.
+#[derive(Clone, Debug)]
+pub struct Membership {
+    pub me: Arc<str>,
+    pub members: tokio::sync::watch::Receiver<Arc<[Arc<str>]>>,
+}
+
 /// Where the registry is kept.
 enum Backend {
     Disk(Disk),
@@ -124,6 +132,34 @@ impl Store {
             return Err(e);
         }
         Ok(true)
+    }
+
+    /// Sets the health checker's verdict; true when the flag changed. On redb the flag is
+    /// set here and written with the next batch; on etcd it is written at once, compared on
+    /// the key's revision (a change made elsewhere meanwhile is caught up with first), and
+    /// every node takes it from its watch. A failed write changes nothing: the checker
+    /// tries again after its next probe.
+    pub async fn set_health(&self, id: &str, healthy: bool) -> bool {
+        match &self.backend {
+            Backend::Disk(_) => self.registry.set_health(id, healthy),
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => match etcd.set_health(id, healthy).await {
+                Ok(changed) => changed,
+                Err(e) => {
+                    tracing::warn!(id, healthy, error = %e, "health verdict not written to etcd; tried again after the next probe");
+                    false
+                }
+            },
+        }
+    }
+
+    /// The live nodes, on etcd; `None` on redb (one node: every check is its own).
+    pub fn membership(&self) -> Option<Membership> {
+        match &self.backend {
+            Backend::Disk(_) => None,
+            #[cfg(feature = "etcd")]
+            Backend::Etcd(etcd) => Some(etcd.membership()),
+        }
     }
 
     /// The disk's state, for `/healthz`; on etcd, the state of the connection to it.

@@ -1144,3 +1144,31 @@ fn put_back_replaces_an_instance_in_its_view() {
     assert_eq!(r.len(), 1, "replaced, not added");
     assert_eq!(r.get("a").unwrap().port, 9090);
 }
+
+#[test]
+fn a_health_flag_from_elsewhere_is_taken_in_place_and_said_to_nobody() {
+    let (r, _) = registry(SEC * 10);
+    let stored = r.register(spec("a", "web")).unwrap().instance;
+    let mut events = r.subscribe();
+    let healthy_only = Filter {
+        healthy_only: true,
+        ..Filter::default()
+    };
+    let flipped = Instance {
+        healthy: false,
+        ..stored.clone()
+    };
+    assert!(
+        r.renewed_elsewhere(&flipped, 0),
+        "only the flag changed: no replacement"
+    );
+    assert!(!r.get("a").unwrap().healthy);
+    assert!(r.list(&healthy_only).is_empty(), "the view has the owner's verdict");
+    assert!(answerable_ids(&r, "web").is_empty());
+    assert!(r.renewed_elsewhere(&stored, 0));
+    assert_eq!(ids(&r.list(&healthy_only)), ["a"]);
+    assert!(
+        events.try_recv().is_err(),
+        "the flag is the store's already: nothing to write back"
+    );
+}

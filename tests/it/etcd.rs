@@ -881,3 +881,292 @@ async fn every_node_down_longer_than_the_ttl_is_no_410_storm() {
     })
     .await;
 }
+
+/// A loopback HTTP check target: records when each path was probed; answers 503 while
+/// `failing` is set, 200 otherwise.
+struct Target {
+    port: u16,
+    probes: Arc<std::sync::Mutex<Vec<(String, Instant)>>>,
+    failing: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Target {
+    async fn start() -> Self {
+        let probes: Arc<std::sync::Mutex<Vec<(String, Instant)>>> = Arc::default();
+        let failing: Arc<std::sync::atomic::AtomicBool> = Arc::default();
+        let (seen, fails) = (probes.clone(), failing.clone());
+        let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+            let (seen, fails) = (seen.clone(), fails.clone());
+            async move {
+                seen.lock().unwrap().push((uri.path().to_owned(), Instant::now()));
+                if fails.load(std::sync::atomic::Ordering::SeqCst) {
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    axum::http::StatusCode::OK
+                }
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self {
+            port,
+            probes,
+            failing,
+            task,
+        }
+    }
+
+    fn fail(&self, failing: bool) {
+        self.failing.store(failing, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Probes of `path` at or after `from` (and before `to`).
+    fn probes(&self, path: &str, from: Instant, to: Instant) -> Vec<Instant> {
+        self.probes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, at)| p == path && *at >= from && *at < to)
+            .map(|(_, at)| *at)
+            .collect()
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// An instance on the target, checked over HTTP at `path` every `interval`.
+fn checked(id: &str, port: u16, path: &str, interval: &str) -> Value {
+    json!({
+        "id": id,
+        "name": "checked",
+        "address": "127.0.0.1",
+        "port": port,
+        "ttl_ns": 60 * SECOND,
+        "metadata": {"check": "http", "check_path": path, "check_interval": interval, "check_timeout": "200ms"},
+    })
+}
+
+/// `koder_dns_health_checks_running` of a node: how many checks it runs.
+async fn checks_running(client: &reqwest::Client, node: &Proc) -> u64 {
+    let text = client
+        .get(format!("{}/metrics", node.base()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("koder_dns_health_checks_running "))
+        .unwrap_or_else(|| panic!("no koder_dns_health_checks_running in /metrics:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Whether `node` lists every one of `ids` with `healthy` = `want`.
+async fn all_flagged(client: &reqwest::Client, node: &Proc, ids: &[String], want: bool) -> bool {
+    let listed = listed(client, node).await;
+    ids.iter()
+        .all(|id| listed.get(id).is_some_and(|i| i["healthy"] == want))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn each_checked_instance_is_probed_by_one_node_and_every_node_serves_its_verdict() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let n = nodes(&cluster, "/t10/").await;
+    let client = client();
+    let target = Target::start().await;
+    let ids: Vec<String> = (0..6).map(|i| format!("chk{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let body = checked(id, target.port, &format!("/{id}"), "300ms");
+        let (status, answer) = post(&client, &n.procs[i % 3], "/services/register", &body).await;
+        assert_eq!(status, 200, "{answer}");
+    }
+    // Every check runs on exactly one node.
+    until("6 checks running over the nodes", Duration::from_secs(5), async || {
+        let mut total = 0;
+        for node in &n.procs {
+            total += checks_running(&client, node).await;
+        }
+        total == 6
+    })
+    .await;
+    let mut shares = Vec::new();
+    for node in &n.procs {
+        shares.push(checks_running(&client, node).await);
+    }
+    // One prober per instance: about 10 probes in 3s at 300ms (±10% jitter), not 30 (the
+    // bounds leave room for a loaded machine).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let from = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let to = Instant::now();
+    let mut counts = Vec::new();
+    for id in &ids {
+        let probes = target.probes(&format!("/{id}"), from, to);
+        assert!(
+            (5..=15).contains(&probes.len()),
+            "{id} probed {} times in 3s at a 300ms interval: not one prober",
+            probes.len()
+        );
+        counts.push(probes.len());
+    }
+    eprintln!("checks per node {shares:?}; probes per instance in 3s at 300ms: {counts:?}");
+    for node in &n.procs {
+        assert!(all_flagged(&client, node, &ids, true).await);
+        assert_eq!(srv(node.dns, "checked").await, 6);
+    }
+
+    // The target fails: the owners' verdicts reach every node, listings and DNS alike.
+    target.fail(true);
+    let failed_at = Instant::now();
+    for node in &n.procs {
+        until("every node lists them unhealthy", Duration::from_secs(4), async || {
+            all_flagged(&client, node, &ids, false).await
+        })
+        .await;
+        assert_eq!(srv(node.dns, "checked").await, 0, "unhealthy: out of DNS on every node");
+    }
+    eprintln!(
+        "target failing -> unhealthy on all 3 nodes (fall 2, interval 300ms): {:?}",
+        failed_at.elapsed()
+    );
+    target.fail(false);
+    for node in &n.procs {
+        until(
+            "every node lists them healthy again",
+            Duration::from_secs(4),
+            async || all_flagged(&client, node, &ids, true).await,
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn health_checks_move_off_a_killed_node_within_its_membership_lease_and_one_interval() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let mut n = nodes(&cluster, "/t11/").await;
+    let client = client();
+    let target = Target::start().await;
+    let body = checked("moving", target.port, "/moving", "500ms");
+    let (status, answer) = post(&client, &n.procs[0], "/services/register", &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let ids = vec!["moving".to_owned()];
+    // The owner: the one node that runs the check.
+    until("one node runs the check", Duration::from_secs(5), async || {
+        let mut total = 0;
+        for node in &n.procs {
+            total += checks_running(&client, node).await;
+        }
+        total == 1
+    })
+    .await;
+    let mut owner = None;
+    for (i, node) in n.procs.iter().enumerate() {
+        if checks_running(&client, node).await == 1 {
+            owner = Some(i);
+        }
+    }
+    let owner = owner.expect("an owner");
+    for node in &n.procs {
+        let health = healthz(&client, node).await;
+        let members = health["members"].as_array().expect("/healthz lists the live nodes");
+        assert_eq!(members.len(), 3, "{health}");
+        assert!(members.contains(&health["node"]), "{health}");
+    }
+    until("probed", Duration::from_secs(2), async || {
+        target
+            .probes("/moving", Instant::now() - Duration::from_secs(10), Instant::now())
+            .len()
+            >= 2
+    })
+    .await;
+
+    n.procs.remove(owner).kill9();
+    let killed = Instant::now();
+    // A probe the killed node had under way may land just after the kill; any later one is a
+    // survivor's. Bound: membership TTL (3s) + one check interval (0.5s) + slack (etcd
+    // checks for ended leases every 0.5s; a loaded machine).
+    let after = killed + Duration::from_millis(300);
+    until("probes resume from a survivor", Duration::from_secs(8), async || {
+        !target
+            .probes("/moving", after, Instant::now() + Duration::from_secs(1))
+            .is_empty()
+    })
+    .await;
+    let moved = target.probes("/moving", after, Instant::now() + Duration::from_secs(1))[0] - killed;
+    eprintln!("kill -9 of the owner -> first probe from a survivor: {moved:?}");
+    for node in &n.procs {
+        let health = healthz(&client, node).await;
+        assert_eq!(
+            health["members"].as_array().unwrap().len(),
+            2,
+            "the killed node left: {health}"
+        );
+    }
+    assert!(
+        moved <= Duration::from_millis(3000 + 500 + 2000),
+        "the check moved in {moved:?}: more than the membership TTL + one interval + slack"
+    );
+    let mut running = Vec::new();
+    for node in &n.procs {
+        running.push(checks_running(&client, node).await);
+    }
+    assert_eq!(running.iter().sum::<u64>(), 1, "one survivor took it over: {running:?}");
+    // One prober still: about 4 probes in 2s at 500ms.
+    let from = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let count = target.probes("/moving", from, Instant::now()).len();
+    assert!((2..=6).contains(&count), "{count} probes in 2s at 500ms");
+
+    // The survivor's verdict reaches both survivors.
+    target.fail(true);
+    for node in &n.procs {
+        until("the survivors list it unhealthy", Duration::from_secs(4), async || {
+            all_flagged(&client, node, &ids, false).await
+        })
+        .await;
+        assert_eq!(srv(node.dns, "checked").await, 0);
+    }
+
+    // A node stopped cleanly leaves at once (its membership lease is revoked): the last node
+    // takes the check over well within the lease's 3s, and its verdict rises.
+    let mut owner = None;
+    for (i, node) in n.procs.iter().enumerate() {
+        if checks_running(&client, node).await == 1 {
+            owner = Some(i);
+        }
+    }
+    let stopping = Instant::now();
+    let (status, _) = n.procs.remove(owner.expect("an owner")).terminate().await;
+    assert_eq!(status.code(), Some(0));
+    let after = Instant::now();
+    until("probes resume from the last node", Duration::from_secs(5), async || {
+        !target
+            .probes("/moving", after, Instant::now() + Duration::from_secs(1))
+            .is_empty()
+    })
+    .await;
+    let moved = target.probes("/moving", after, Instant::now() + Duration::from_secs(1))[0] - stopping;
+    eprintln!("SIGTERM of the owner -> first probe from the last node: {moved:?}");
+    assert!(moved < Duration::from_millis(2500), "{moved:?}: not at once");
+    assert_eq!(checks_running(&client, &n.procs[0]).await, 1);
+    target.fail(false);
+    until("healthy again on the last node", Duration::from_secs(3), async || {
+        all_flagged(&client, &n.procs[0], &ids, true).await
+    })
+    .await;
+}
