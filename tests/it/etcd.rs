@@ -1170,3 +1170,68 @@ async fn health_checks_move_off_a_killed_node_within_its_membership_lease_and_on
     })
     .await;
 }
+
+/// The client library's watcher, given two nodes of a cluster: it sees a change made
+/// through a third node; when the node it follows is killed, it goes on from the other one
+/// (every node shows etcd's revision, so its index holds there) and sees the next change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn the_watcher_follows_a_cluster_through_the_loss_of_its_node() {
+    use koder_dns::client::{Client, Route, Watcher};
+
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let mut n = nodes(&cluster, "/t-watcher/").await;
+    let client = client();
+    let routed = |name: &str, port: usize| {
+        json!({"name": name, "address": "127.0.0.1", "port": port,
+               "metadata": {"jet.domain": format!("{name}.koder.dev")}})
+    };
+    let domains = |view: &[Route]| view.iter().map(|r| r.domain.clone()).collect::<BTreeSet<_>>();
+    let (status, body) = post(&client, &n.procs[2], "/services/register", &routed("voice", 7001)).await;
+    assert_eq!(status, 200, "{body}");
+    let followed = Client::new(vec![n.procs[0].base(), n.procs[1].base()], KEY, Duration::from_secs(2)).unwrap();
+    let mut watcher = Watcher::new(Arc::new(followed), Duration::from_secs(5));
+    async fn until_domain(watcher: &mut Watcher, domain: &str, within: Duration) -> Vec<Route> {
+        tokio::time::timeout(within, async {
+            loop {
+                let view = watcher.next().await.expect("a view");
+                if view.iter().any(|r| r.domain == domain) {
+                    return view;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{domain} not seen within {within:?}"))
+    }
+    until_domain(&mut watcher, "voice.koder.dev", Duration::from_secs(5)).await;
+
+    // A change through node 3 reaches the watcher held on node 1.
+    let (status, _) = post(&client, &n.procs[2], "/services/register", &routed("video", 7002)).await;
+    assert_eq!(status, 200);
+    let changed = Instant::now();
+    let view = until_domain(&mut watcher, "video.koder.dev", Duration::from_secs(5)).await;
+    assert!(
+        changed.elapsed() < Duration::from_secs(1),
+        "seen after {:?}",
+        changed.elapsed()
+    );
+    assert_eq!(
+        domains(&view),
+        BTreeSet::from(["video.koder.dev".to_owned(), "voice.koder.dev".to_owned()])
+    );
+
+    // Node 1 dies while the watcher is held on it: the last view stands, and the next change
+    // comes from node 2.
+    let pending = tokio::spawn(async move {
+        let view = until_domain(&mut watcher, "chat.koder.dev", Duration::from_secs(15)).await;
+        (watcher, view)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    n.procs.remove(0).kill9();
+    let (status, _) = post(&client, &n.procs[1], "/services/register", &routed("chat", 7003)).await;
+    assert_eq!(status, 200);
+    let (watcher, view) = pending.await.unwrap();
+    assert_eq!(domains(&view).len(), 3, "{view:?}");
+    assert_eq!(watcher.last(), Some(&view[..]));
+}
