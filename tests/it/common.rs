@@ -192,3 +192,19 @@ pub fn txt_strings(record: &hickory_proto::rr::Record) -> Vec<String> {
         other => panic!("expected TXT, got {other:?}"),
     }
 }
+
+/// `GET <base>/metrics`, checked to be the Prometheus text format.
+pub async fn scrape(client: &reqwest::Client, base: &str) -> String {
+    let response = client.get(format!("{base}/metrics")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(content_type.starts_with("text/plain; version=0.0.4"), "{content_type}");
+    response.text().await.unwrap()
+}
+
+/// The value of the sample written exactly as `series` (name and labels), 0 when absent.
+pub fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}

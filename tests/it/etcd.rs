@@ -956,20 +956,9 @@ fn checked(id: &str, port: u16, path: &str, interval: &str) -> Value {
 
 /// `koder_dns_health_checks_running` of a node: how many checks it runs.
 async fn checks_running(client: &reqwest::Client, node: &Proc) -> u64 {
-    let text = client
-        .get(format!("{}/metrics", node.base()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("koder_dns_health_checks_running "))
-        .unwrap_or_else(|| panic!("no koder_dns_health_checks_running in /metrics:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
+    let text = common::scrape(client, &node.base()).await;
+    assert!(text.contains("koder_dns_health_checks_running "), "{text}");
+    common::sample(&text, "koder_dns_health_checks_running") as u64
 }
 
 /// Whether `node` lists every one of `ids` with `healthy` = `want`.

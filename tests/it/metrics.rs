@@ -8,22 +8,7 @@ use hickory_proto::rr::RecordType;
 use serde_json::{Value, json};
 
 use crate::child::{KEY, Proc, launch_ok};
-use crate::common::{query_message, tcp_query, udp_query};
-
-async fn scrape(client: &reqwest::Client, base: &str) -> String {
-    let response = client.get(format!("{base}/metrics")).send().await.unwrap();
-    assert_eq!(response.status(), 200);
-    let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
-    assert!(content_type.starts_with("text/plain; version=0.0.4"), "{content_type}");
-    response.text().await.unwrap()
-}
-
-/// The value of the sample written exactly as `series` (name and labels), 0 when absent.
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
-}
+use crate::common::{query_message, sample, scrape, tcp_query, udp_query};
 
 async fn post(client: &reqwest::Client, proc: &Proc, path: &str, body: Value) -> u16 {
     client

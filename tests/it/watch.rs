@@ -272,19 +272,7 @@ async fn ten_thousand_held_requests_cost_no_cpu_while_idle_and_all_wake_on_a_cha
     // Held once the server's gauge says so.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let metrics = http
-            .get(format!("{}/metrics", proc.base()))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let gauge = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("koder_dns_watches_held "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0);
+        let gauge = common::sample(&common::scrape(&http, &proc.base()).await, "koder_dns_watches_held");
         if gauge as usize >= HELD {
             break;
         }
