@@ -534,7 +534,6 @@ impl Etcd {
     /// R2 as an etcd transaction; see the module's documentation.
     pub async fn register(&self, new: Validated) -> Result<Registered, StoreError> {
         self.writable()?;
-        let key = self.key(&new.id);
         for _ in 0..RETRIES {
             // Read before the registry: the registry is updated before the revision, so the
             // state decided from is never older than the revision compared on.
@@ -543,30 +542,40 @@ impl Etcd {
             let created = prepared.created();
             let instance = prepared.instance.clone();
             self.registry.cancel(prepared);
-            let json = serde_json::to_vec(&instance).expect("instances serialise");
-            let txn = Txn::new()
-                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, known)])
-                .and_then([TxnOp::put(key.clone(), json, None)]);
-            let answer = self.txn("registration", txn).await?;
-            let revision = answer.header().map_or(0, |h| h.revision());
-            if answer.succeeded() {
-                // Read-your-writes without waiting for the watch: etcd says the key holds
-                // this instance at `revision`, so this node applies it now unless its watch
-                // already went past it. The watch's later delivery of the same revision is
-                // then a no-op, and anything newer still wins (see `apply_instance`). Only the
-                // registry's revision waits for the watch, so it stays etcd's everywhere.
-                let _applying = self.applying.lock();
-                if *self.applied.borrow() < revision {
-                    self.apply_instance(new.id.as_str().into(), instance.clone(), revision);
-                }
-                return Ok(Registered { instance, created });
+            match self.put_compared("registration", &instance, known).await? {
+                Ok(()) => return Ok(Registered { instance, created }),
+                // Another node changed the key: catch up to that change, then decide again.
+                Err(revision) => self.wait_applied(revision).await?,
             }
-            // Another node changed the key: catch up to that change, then decide again.
-            self.wait_applied(revision).await?;
         }
         Err(StoreError::Unavailable(
             "the instance kept changing on other nodes during this registration; retry".into(),
         ))
+    }
+
+    /// Puts `instance` under its key if the key is still at `known` (its `mod_revision` as
+    /// this node last applied it). On success this node applies it at once: read-your-writes
+    /// without waiting for the watch, since etcd says the key holds this instance at the
+    /// answer's revision; the watch's later delivery of that revision is then a no-op, and
+    /// anything newer still wins (see `apply_instance`). Only the registry's revision waits
+    /// for the watch, so it stays etcd's everywhere. `Err(revision)`: another node changed
+    /// the key; catch up to `revision` before deciding again.
+    async fn put_compared(&self, what: &str, instance: &Instance, known: i64) -> Result<Result<(), i64>, StoreError> {
+        let key = self.key(&instance.id);
+        let json = serde_json::to_vec(instance).expect("instances serialise");
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, known)])
+            .and_then([TxnOp::put(key, json, None)]);
+        let answer = self.txn(what, txn).await?;
+        let revision = answer.header().map_or(0, |h| h.revision());
+        if !answer.succeeded() {
+            return Ok(Err(revision));
+        }
+        let _applying = self.applying.lock();
+        if *self.applied.borrow() < revision {
+            self.apply_instance(instance.id.as_str().into(), instance.clone(), revision);
+        }
+        Ok(Ok(()))
     }
 
     /// R4 as an etcd delete. True when a live instance was removed.
@@ -970,7 +979,6 @@ impl Etcd {
     /// their watch. True when the flag changed.
     pub async fn set_health(&self, id: &str, healthy: bool) -> Result<bool, StoreError> {
         self.writable()?;
-        let key = self.key(id);
         for _ in 0..RETRIES {
             // Read before the registry, as a registration does.
             let Some(known) = self.revisions.get(id).map(|r| *r) else {
@@ -985,23 +993,13 @@ impl Etcd {
                 return Ok(self.registry.set_health(id, healthy));
             }
             instance.healthy = healthy;
-            let json = serde_json::to_vec(&instance).expect("instances serialise");
-            let txn = Txn::new()
-                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, known)])
-                .and_then([TxnOp::put(key.clone(), json, None)]);
-            let answer = self.txn("health verdict", txn).await?;
-            let revision = answer.header().map_or(0, |h| h.revision());
-            if answer.succeeded() {
-                {
-                    let _applying = self.applying.lock();
-                    if *self.applied.borrow() < revision {
-                        self.apply_instance(id.into(), instance, revision);
-                    }
+            match self.put_compared("health verdict", &instance, known).await? {
+                Ok(()) => {
+                    self.registry.set_health(id, healthy);
+                    return Ok(true);
                 }
-                self.registry.set_health(id, healthy);
-                return Ok(true);
+                Err(revision) => self.wait_applied(revision).await?,
             }
-            self.wait_applied(revision).await?;
         }
         Err(StoreError::Unavailable(
             "the instance kept changing on other nodes; the verdict is decided again after the next probe".into(),
