@@ -49,10 +49,13 @@ struct Check {
 }
 
 impl Check {
-    fn stop(&mut self) {
-        if let Some((cancel, _)) = self.running.take() {
+    /// Returns whether a task was running.
+    fn stop(&mut self) -> bool {
+        let running = self.running.take();
+        if let Some((cancel, _)) = &running {
             cancel.cancel();
         }
+        running.is_some()
     }
 }
 
@@ -74,6 +77,9 @@ pub async fn run(
         .expect("HTTP client");
     let permits = Arc::new(Semaphore::new(settings.concurrency));
     let mut checks: HashMap<Arc<str>, Check> = HashMap::new();
+    // How many of `checks` have a task: kept as they start and stop, not counted per event
+    // (every registration is an event, and there may be 100k checks).
+    let mut running = 0usize;
     let start = |id: &Arc<str>, target: &Target| {
         let cancel = shutdown.child_token();
         let task = tokio::spawn(check_loop(
@@ -106,7 +112,7 @@ pub async fn run(
                         _ => {}
                     }
                 }
-                let running = checks.values().filter(|c| c.running.is_some()).count();
+                running = running + started - stopped;
                 info!(started, stopped, running, checked = checks.len(), "live nodes changed: health checks re-spread");
                 crate::metrics::health_checks_running(running);
                 continue;
@@ -123,10 +129,10 @@ pub async fn run(
         };
         let id = event.id().clone();
         let Some(target) = target else {
-            if let Some(mut check) = checks.remove(&id) {
-                check.stop();
+            if checks.remove(&id).is_some_and(|mut check| check.stop()) {
+                running -= 1;
             }
-            crate::metrics::health_checks_running(checks.values().filter(|c| c.running.is_some()).count());
+            crate::metrics::health_checks_running(running);
             continue;
         };
         let owned = owners.owns(&id);
@@ -137,14 +143,17 @@ pub async fn run(
         // Unchanged settings keep the running check and its counters. A loop that ended (its
         // instance expired before this re-registration) counts as no check.
         let alive = check.running.as_ref().is_some_and(|(_, task)| !task.is_finished());
-        if check.target != target || !alive || !owned {
-            check.stop();
+        if (check.target != target || !alive || !owned) && check.stop() {
+            running -= 1;
+        }
+        if check.target != target {
             check.target = target;
         }
         if owned && check.running.is_none() {
             check.running = start(&id, &check.target);
+            running += 1;
         }
-        crate::metrics::health_checks_running(checks.values().filter(|c| c.running.is_some()).count());
+        crate::metrics::health_checks_running(running);
     }
     for check in checks.values_mut() {
         check.stop();
