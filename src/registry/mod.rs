@@ -84,9 +84,12 @@ pub struct Registered {
 /// A registration computed but not yet visible (see [`Registry::prepare`]).
 #[derive(Debug)]
 pub struct Prepared {
-    new: Validated,
-    /// What durable storage must hold for the id once this is applied.
+    /// What durable storage must hold for the id once this is applied: the registration,
+    /// stamped at `now`.
     pub instance: Instance,
+    check: Arc<CheckSpec>,
+    /// The `healthy` the registrant sent, which the stamp may have replaced.
+    asked_healthy: bool,
     now: Nanos,
     /// Whether a `--max-instances` slot was taken for a new id.
     reserved: bool,
@@ -511,10 +514,12 @@ impl Registry {
 
     fn put_member(&self, service: &str, member: Arc<Member>) {
         let replaced = {
-            let mut view = self.services.entry(service.to_owned()).or_default();
-            let (next, replaced) = view.with(member.clone());
-            *view = Arc::new(next);
-            replaced
+            // The owned key is made only for a service's first member.
+            let mut view = match self.services.get_mut(service) {
+                Some(view) => view,
+                None => self.services.entry(service.to_owned()).or_default(),
+            };
+            ServiceView::change(&mut view, |members| members.insert(member.clone()))
         };
         if replaced.as_ref().map(|m| &m.protocol) != Some(&member.protocol) {
             if let Some(old) = replaced {
@@ -527,11 +532,9 @@ impl Registry {
     fn remove_member(&self, service: &str, id: &str) {
         let removed = match self.services.entry(service.to_owned()) {
             MapEntry::Occupied(mut view) => {
-                let (rest, removed) = view.get().without(id);
-                if rest.members.is_empty() {
+                let removed = ServiceView::change(view.get_mut(), |members| members.remove(id));
+                if view.get().members.is_empty() {
                     view.remove();
-                } else {
-                    view.insert(Arc::new(rest));
                 }
                 removed
             }
@@ -594,10 +597,25 @@ impl Registry {
         if self.len() >= self.settings.max_instances && self.leases.any_due(now) {
             self.reap();
         }
-        let (instance, existing) = match self.instances.get(new.id.as_str()) {
-            Some(entry) => (self.stamp(&new, now, Some((&entry, entry.lease.alive(now)))), true),
-            None => (self.stamp(&new, now, None), false),
+        let Validated { mut instance, check } = new;
+        let asked_healthy = instance.healthy;
+        let existing = match self.instances.get(instance.id.as_str()) {
+            Some(entry) => {
+                (instance.registered_at, instance.healthy) = self.stamp(
+                    &instance,
+                    &check,
+                    asked_healthy,
+                    now,
+                    Some((&entry, entry.lease.alive(now))),
+                );
+                true
+            }
+            None => {
+                (instance.registered_at, instance.healthy) = self.stamp(&instance, &check, asked_healthy, now, None);
+                false
+            }
         };
+        instance.updated_at = now;
         if !existing {
             let max = self.settings.max_instances;
             if self.count.fetch_add(1, Ordering::AcqRel) >= max {
@@ -606,8 +624,9 @@ impl Registry {
             }
         }
         Ok(Prepared {
-            new,
             instance,
+            check,
+            asked_healthy,
             now,
             reserved: !existing,
         })
@@ -620,27 +639,33 @@ impl Registry {
         }
     }
 
-    /// What `new` stores at `now` over `old` (the stored entry and whether it is alive).
-    /// Re-registering a live id keeps `registered_at` and, when the health checker owns the
-    /// flag and the check settings, address and port are unchanged, `healthy`; registering
-    /// an id whose lease has run out is a new registration.
-    fn stamp(&self, new: &Validated, now: Nanos, old: Option<(&Entry, bool)>) -> Instance {
-        let (registered_at, healthy) = match old {
+    /// The `registered_at` and `healthy` that `new` (with its check settings and the
+    /// `healthy` its registrant asked for) stores at `now` over `old` (the stored entry and
+    /// whether it is alive). Re-registering a live id keeps `registered_at` and, when the
+    /// health checker owns the flag and the check settings, address and port are unchanged,
+    /// `healthy`; registering an id whose lease has run out is a new registration.
+    fn stamp(
+        &self,
+        new: &Instance,
+        check: &Arc<CheckSpec>,
+        asked_healthy: bool,
+        now: Nanos,
+        old: Option<(&Entry, bool)>,
+    ) -> (Nanos, bool) {
+        match old {
             Some((old, true)) => {
                 // The checker restarts on new settings or a new target; so does the flag.
                 let same_check =
-                    old.check == new.check && old.instance.address == new.address && old.instance.port == new.port;
-                let keep_health = self.checked(&new.check) && same_check;
-                let healthy = if keep_health { old.instance.healthy } else { new.healthy };
+                    old.check == *check && old.instance.address == new.address && old.instance.port == new.port;
+                let keep_health = self.checked(check) && same_check;
+                let healthy = if keep_health {
+                    old.instance.healthy
+                } else {
+                    asked_healthy
+                };
                 (old.instance.registered_at, healthy)
             }
-            _ => (now, new.healthy),
-        };
-        Instance {
-            healthy,
-            registered_at,
-            updated_at: now,
-            ..new.instance.clone()
+            _ => (now, asked_healthy),
         }
     }
 
@@ -649,11 +674,12 @@ impl Registry {
     ///
     /// The stamps are computed again under the entry's lock, from the same `now`: a health
     /// flip or a reap between [`Self::prepare`] and here is honoured (the durable store
-    /// rewrites the instance on the `Upserted` event).
+    /// rewrites the instance on a `Renewed` event then).
     pub fn apply(&self, prepared: Prepared) -> Registered {
         let Prepared {
-            new,
-            instance: written,
+            instance: mut new,
+            check,
+            asked_healthy,
             now,
             reserved,
         } = prepared;
@@ -679,8 +705,10 @@ impl Registry {
                     warn!(id = %id, service = %new.name, from = %old.protocol, to = %new.protocol,
                           "re-registration changed the instance's protocol and replaced it; give explicit ids to register one port over several protocols");
                 }
-                let instance = self.stamp(&new, now, Some((entry, alive)));
-                changed = instance != written;
+                let stamps = self.stamp(&new, &check, asked_healthy, now, Some((entry, alive)));
+                changed = stamps != (new.registered_at, new.healthy);
+                (new.registered_at, new.healthy) = stamps;
+                let instance = new;
                 let earlier = self.move_lease(&id, &entry.lease, deadline);
                 // A registration confirms an instance parked by a stall or a restart.
                 let confirmed_now = std::mem::take(&mut entry.unconfirmed);
@@ -697,30 +725,30 @@ impl Registry {
                     self.put_member(&instance.name, entry.member.clone());
                 }
                 entry.instance = instance.clone();
-                entry.check = new.check;
+                entry.check = check;
                 Registered {
                     instance,
                     created: !alive,
                 }
             }
             MapEntry::Vacant(vacant) => {
-                let instance = if reserved {
-                    // New when prepared, new now: the very instance that was committed.
-                    written
-                } else {
+                if !reserved {
                     // Reaped since `prepare`: the slot it held is taken again, so the cap may
                     // be passed by the registrations racing a sweep, at most one each.
                     self.count.fetch_add(1, Ordering::AcqRel);
-                    changed = true;
-                    self.stamp(&new, now, None)
-                };
+                    let stamps = self.stamp(&new, &check, asked_healthy, now, None);
+                    changed = stamps != (new.registered_at, new.healthy);
+                    (new.registered_at, new.healthy) = stamps;
+                }
+                // New when prepared and new now: the very instance that was committed.
+                let instance = new;
                 let lease = Arc::new(Lease::new(deadline));
                 let member = self.member(&id, &instance, lease.clone(), true);
                 self.put_member(&instance.name, member.clone());
                 self.leases.reschedule(&id, None, deadline);
                 vacant.insert(Entry {
                     instance: instance.clone(),
-                    check: new.check,
+                    check,
                     lease,
                     member,
                     renewal_pending: AtomicBool::new(false),
