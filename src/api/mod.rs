@@ -16,7 +16,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRef, Request, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 
@@ -92,29 +91,6 @@ impl FromRef<AppState> for Arc<ApiKeys> {
     }
 }
 
-/// Answers 408 (as JSON) when a request, body included, takes longer than `limit`.
-async fn deadline(State(limit): State<Duration>, request: Request, next: Next) -> Response {
-    // A blocking query is held by design: its own `wait` bounds it, plus the usual limit.
-    let blocking = request
-        .uri()
-        .query()
-        .is_some_and(|q| q.split('&').any(|p| p.starts_with("index=")));
-    let limit = if blocking {
-        limit + watch::MAX_WAIT + watch::MAX_WAIT / 16
-    } else {
-        limit
-    };
-    match tokio::time::timeout(limit, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) => ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
-            format!("the request was not completed within {limit:?}"),
-        )
-        .into_response(),
-    }
-}
-
 /// Unknown routes: 404, or 401 under `/api/v1` without a key.
 async fn not_found(State(keys): State<Arc<ApiKeys>>, uri: Uri, headers: HeaderMap) -> ApiError {
     keys.check_path(uri.path(), &headers)
@@ -187,29 +163,95 @@ async fn ui(State(app): State<AppState>) -> Response {
         .into_response()
 }
 
-/// Counts every request of one route by method and status, with its latency.
-async fn count(State(counters): State<crate::metrics::RouteCounters>, request: Request, next: Next) -> Response {
-    let method = match *request.method() {
-        axum::http::Method::GET => "GET",
-        axum::http::Method::POST => "POST",
-        axum::http::Method::HEAD => "HEAD",
-        _ => "other",
-    };
-    let started = std::time::Instant::now();
-    let response = next.run(request).await;
-    counters.record(method, response.status().as_u16(), started.elapsed());
-    response
+/// What every route's requests go through: counted under the route's pattern (method,
+/// status, latency), and answered 408 (as JSON) when a request, body included, takes longer
+/// than `limit`. One hand-written layer, because the two `from_fn` middlewares it replaces
+/// each boxed and cloned the route's service on every request.
+#[derive(Clone)]
+struct Measured<S = ()> {
+    inner: S,
+    counters: crate::metrics::RouteCounters,
+    limit: Duration,
 }
 
-/// `Router::route`, with the route's requests counted under its pattern.
-trait CountedRoute {
-    fn counted(self, path: &'static str, route: MethodRouter<AppState>) -> Self;
+impl<S> tower_layer::Layer<S> for Measured {
+    type Service = Measured<S>;
+
+    fn layer(&self, inner: S) -> Measured<S> {
+        Measured {
+            inner,
+            counters: self.counters.clone(),
+            limit: self.limit,
+        }
+    }
 }
 
-impl CountedRoute for Router<AppState> {
-    fn counted(self, path: &'static str, route: MethodRouter<AppState>) -> Self {
+impl<S> tower_service::Service<Request> for Measured<S>
+where
+    S: tower_service::Service<Request, Response = Response, Error = std::convert::Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let method = match *request.method() {
+            axum::http::Method::GET => "GET",
+            axum::http::Method::POST => "POST",
+            axum::http::Method::HEAD => "HEAD",
+            _ => "other",
+        };
+        // A blocking query is held by design: its own `wait` bounds it, plus the usual limit.
+        let blocking = request
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p.starts_with("index=")));
+        let limit = if blocking {
+            self.limit + watch::MAX_WAIT + watch::MAX_WAIT / 16
+        } else {
+            self.limit
+        };
+        let counters = self.counters.clone();
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let response = match tokio::time::timeout(limit, answer).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(never)) => match never {},
+                Err(_) => ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    format!("the request was not completed within {limit:?}"),
+                )
+                .into_response(),
+            };
+            counters.record(method, response.status().as_u16(), started.elapsed());
+            Ok(response)
+        })
+    }
+}
+
+/// `Router::route`, with the route's requests going through [`Measured`].
+trait MeasuredRoute {
+    fn measured(self, path: &'static str, route: MethodRouter<AppState>, limit: Duration) -> Self;
+}
+
+impl MeasuredRoute for Router<AppState> {
+    fn measured(self, path: &'static str, route: MethodRouter<AppState>, limit: Duration) -> Self {
         let counters = crate::metrics::RouteCounters::new(path);
-        self.route(path, route.layer(axum::middleware::from_fn_with_state(counters, count)))
+        self.route(
+            path,
+            route.layer(Measured {
+                inner: (),
+                counters,
+                limit,
+            }),
+        )
     }
 }
 
@@ -217,28 +259,29 @@ impl CountedRoute for Router<AppState> {
 /// the key themselves.
 /// `/metrics` is among them unless `--metrics-listen` gave it an address of its own.
 pub fn router(state: AppState, request_timeout: Duration, with_metrics: bool) -> Router {
-    let mut router = Router::new().counted("/healthz", get(healthz)).counted("/ui", get(ui));
+    let t = request_timeout;
+    let mut router = Router::new().measured("/healthz", get(healthz), t).measured("/ui", get(ui), t);
     if with_metrics {
-        router = router.counted("/metrics", get(metrics));
+        router = router.measured("/metrics", get(metrics), t);
     }
     router
-        .counted("/api/v1/services", get(services::list))
-        .counted("/api/v1/services/register", post(services::register))
-        .counted("/api/v1/services/heartbeat", post(services::heartbeat))
-        .counted("/api/v1/services/deregister", post(services::deregister))
-        .counted("/api/v1/services/export", get(export::export))
-        .counted(
+        .measured("/api/v1/services", get(services::list), t)
+        .measured("/api/v1/services/register", post(services::register), t)
+        .measured("/api/v1/services/heartbeat", post(services::heartbeat), t)
+        .measured("/api/v1/services/deregister", post(services::deregister), t)
+        .measured("/api/v1/services/export", get(export::export), t)
+        .measured(
             "/api/v1/services/drift",
             get(export::drift_configured)
                 .post(export::drift)
                 .layer(DefaultBodyLimit::max(body::MAX_REFERENCE)),
+            t,
         )
-        .counted("/api/v1/routes", get(export::routes))
-        .counted("/api/v1/sd/prometheus", get(sd::prometheus))
-        .counted("/api/v1/openapi.json", get(openapi::openapi))
+        .measured("/api/v1/routes", get(export::routes), t)
+        .measured("/api/v1/sd/prometheus", get(sd::prometheus), t)
+        .measured("/api/v1/openapi.json", get(openapi::openapi), t)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY))
-        .layer(axum::middleware::from_fn_with_state(request_timeout, deadline))
         .with_state(state)
 }

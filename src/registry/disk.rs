@@ -14,6 +14,7 @@ use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use compact_str::CompactString;
 use parking_lot::Mutex;
 use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, StorageError, TableDefinition};
 use tokio::sync::{mpsc::UnboundedReceiver, oneshot};
@@ -186,26 +187,26 @@ pub fn open(dir: &Path) -> Result<(Database, PathBuf, Loaded), OpenError> {
 /// An instance as the database stores it: its id and its JSON, serialised by the caller
 /// (on the request's thread, not the writer's).
 pub struct Stored {
-    pub id: Arc<str>,
+    pub id: CompactString,
     pub json: Vec<u8>,
 }
 
 impl Stored {
     pub fn new(instance: &Instance) -> Self {
         Self {
-            id: instance.id.as_str().into(),
+            id: instance.id.clone(),
             json: serde_json::to_vec(instance).expect("instances serialise"),
         }
     }
 }
 
 struct Job {
-    /// Ids to persist now, from what the registry holds for them; with `put` empty too:
+    /// Ids to persist now, from what the registry holds for them; with no `put` either:
     /// "flush everything dirty".
     ids: Vec<Arc<str>>,
-    /// Instances to store as given: registrations not yet visible in the registry, which
-    /// become visible only once this commit is acknowledged.
-    put: Vec<Stored>,
+    /// An instance to store as given: a registration not yet visible in the registry, which
+    /// becomes visible only once this commit is acknowledged.
+    put: Option<Stored>,
     ack: oneshot::Sender<Result<(), String>>,
 }
 
@@ -273,15 +274,15 @@ impl Disk {
 
     /// Persists what the registry holds for `ids`; returns once it is on disk.
     pub async fn write(&self, ids: Vec<Arc<str>>) -> Result<(), String> {
-        self.send(ids, Vec::new()).await
+        self.send(ids, None).await
     }
 
     /// Stores `instance` as given, before the registry shows it; returns once it is on disk.
     pub async fn put(&self, instance: Stored) -> Result<(), String> {
-        self.send(Vec::new(), vec![instance]).await
+        self.send(Vec::new(), Some(instance)).await
     }
 
-    async fn send(&self, ids: Vec<Arc<str>>, put: Vec<Stored>) -> Result<(), String> {
+    async fn send(&self, ids: Vec<Arc<str>>, put: Option<Stored>) -> Result<(), String> {
         let (ack, done) = oneshot::channel();
         let job = Job { ids, put, ack };
         let sent = self.tx.lock().as_ref().map(|tx| tx.send(job).is_ok());
@@ -373,7 +374,7 @@ impl Writer {
                 }
             }
             let flush_all =
-                closing || Instant::now() >= next_flush || jobs.iter().any(|j| j.ids.is_empty() && j.put.is_empty());
+                closing || Instant::now() >= next_flush || jobs.iter().any(|j| j.ids.is_empty() && j.put.is_none());
             let mut ids: Vec<Arc<str>> = jobs.iter().flat_map(|j| j.ids.iter().cloned()).collect();
             if flush_all {
                 ids.extend(self.dirty.drain());
@@ -386,13 +387,13 @@ impl Writer {
             }
             ids.sort_unstable();
             ids.dedup();
-            let put: Vec<&Stored> = jobs.iter().flat_map(|j| &j.put).collect();
+            let put: Vec<&Stored> = jobs.iter().filter_map(|j| j.put.as_ref()).collect();
             let (result, put_result) = self.write(&ids, &put, flush_all);
             if result.is_err() {
                 self.dirty.extend(ids);
             }
             for job in jobs {
-                let result = if job.put.is_empty() { &result } else { &put_result };
+                let result = if job.put.is_none() { &result } else { &put_result };
                 let _ = job.ack.send(result.clone());
             }
             last = result;
@@ -542,7 +543,7 @@ impl Writer {
                     }
                 }
                 for stored in put {
-                    table.insert(&*stored.id, stored.json.as_slice())?;
+                    table.insert(stored.id.as_str(), stored.json.as_slice())?;
                 }
                 let mut meta = txn.open_table(META)?;
                 meta.insert("serial", self.registry.revision())?;

@@ -712,12 +712,12 @@ impl Registry {
                 let earlier = self.move_lease(&id, &entry.lease, deadline);
                 // A registration confirms an instance parked by a stall or a restart.
                 let confirmed_now = std::mem::take(&mut entry.unconfirmed);
-                let member = self.member(&id, &instance, entry.lease.clone(), true);
                 let renamed = entry.instance.name != instance.name;
                 if renamed {
                     self.remove_member(&entry.instance.name, &id);
                 }
-                if renamed || !alive || confirmed_now || !entry.member.same_answers(&member) {
+                if renamed || !alive || confirmed_now || !entry.member.answers_as(&instance) {
+                    let member = self.member(&id, &instance, entry.lease.clone(), true);
                     self.put_member(&instance.name, member.clone());
                     entry.member = member;
                     self.bump();

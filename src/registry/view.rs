@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::lease::Lease;
 use crate::model::clock::Nanos;
+use crate::model::instance::Instance;
 use crate::zone::prepared::PreparedAnswers;
 use crate::zone::records::InstanceRecords;
 
@@ -27,9 +28,12 @@ impl Member {
         self.healthy && self.lease.alive(now)
     }
 
-    /// Whether replacing `self` by `other` changes any answer.
-    pub fn same_answers(&self, other: &Member) -> bool {
-        self.protocol == other.protocol && self.healthy == other.healthy && self.records == other.records
+    /// Whether a member of `instance` (confirmed, so healthy as flagged) in place of `self`
+    /// would answer as `self` does: then a re-registration leaves the view alone.
+    pub fn answers_as(&self, instance: &Instance) -> bool {
+        *self.protocol == *instance.protocol
+            && self.healthy == instance.healthy
+            && self.records == InstanceRecords::new(instance)
     }
 }
 
