@@ -260,7 +260,9 @@ impl MeasuredRoute for Router<AppState> {
 /// `/metrics` is among them unless `--metrics-listen` gave it an address of its own.
 pub fn router(state: AppState, request_timeout: Duration, with_metrics: bool) -> Router {
     let t = request_timeout;
-    let mut router = Router::new().measured("/healthz", get(healthz), t).measured("/ui", get(ui), t);
+    let mut router = Router::new()
+        .measured("/healthz", get(healthz), t)
+        .measured("/ui", get(ui), t);
     if with_metrics {
         router = router.measured("/metrics", get(metrics), t);
     }

@@ -64,11 +64,8 @@ pub async fn register(
 async fn upsert(app: AppState, body: Instance) -> Result<Json<RegisterResponse>, ApiError> {
     let new = body.validate()?;
     app.ttl_bounds.check(new.ttl_ns)?;
-    // Run to completion even if the client goes away: a change is committed or undone whole.
-    let store = app.store.clone();
-    let registered = tokio::spawn(async move { store.register(new).await })
-        .await
-        .expect("register does not panic")?;
+    // Completed even if the client goes away and this is dropped (see `Store::register`).
+    let registered = app.store.register(new).await?;
     Ok(Json(RegisterResponse {
         id: registered.instance.id,
         created: registered.created,

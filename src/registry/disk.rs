@@ -210,6 +210,22 @@ struct Job {
     ack: oneshot::Sender<Result<(), String>>,
 }
 
+/// A commit handed to the writer: resolves to its outcome once it is on disk (or failed).
+pub struct Commit(Option<oneshot::Receiver<Result<(), String>>>);
+
+impl std::future::Future for Commit {
+    type Output = Result<(), String>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        match &mut self.0 {
+            None => std::task::Poll::Ready(Err("the server is shutting down".into())),
+            Some(done) => std::pin::Pin::new(done)
+                .poll(cx)
+                .map(|r| r.unwrap_or_else(|_| Err("the disk writer stopped".into()))),
+        }
+    }
+}
+
 /// The writer thread's handle.
 pub struct Disk {
     tx: Mutex<Option<mpsc::Sender<Job>>>,
@@ -277,19 +293,21 @@ impl Disk {
         self.send(ids, None).await
     }
 
-    /// Stores `instance` as given, before the registry shows it; returns once it is on disk.
-    pub async fn put(&self, instance: Stored) -> Result<(), String> {
-        self.send(Vec::new(), Some(instance)).await
+    /// Stores `instance` as given, before the registry shows it. The commit goes ahead
+    /// whether or not the returned [`Commit`] is awaited.
+    pub fn put(&self, instance: Stored) -> Commit {
+        self.enqueue(Vec::new(), Some(instance))
     }
 
     async fn send(&self, ids: Vec<Arc<str>>, put: Option<Stored>) -> Result<(), String> {
+        self.enqueue(ids, put).await
+    }
+
+    fn enqueue(&self, ids: Vec<Arc<str>>, put: Option<Stored>) -> Commit {
         let (ack, done) = oneshot::channel();
         let job = Job { ids, put, ack };
         let sent = self.tx.lock().as_ref().map(|tx| tx.send(job).is_ok());
-        if sent != Some(true) {
-            return Err("the server is shutting down".into());
-        }
-        done.await.unwrap_or_else(|_| Err("the disk writer stopped".into()))
+        Commit(if sent == Some(true) { Some(done) } else { None })
     }
 
     /// Flushes everything dirty and stops the writer. An error when the final flush failed:
