@@ -1,7 +1,7 @@
 //! The read-only view DNS answers from: per service, the instances with what DNS needs of
-//! them, and the answers prepared from them. Mutations replace a service's view (copy on
-//! write); queries read one view and never touch the instance map, so answer cost follows
-//! the size of the asked service.
+//! them, and the answers prepared from them. Mutations change a view nobody holds in place
+//! and replace a held one (copy on write); queries read one view and never touch the
+//! instance map, so answer cost follows the size of the asked service.
 
 use std::sync::Arc;
 
@@ -41,7 +41,7 @@ impl Member {
 #[derive(Debug, Default)]
 pub struct ServiceView {
     pub members: Members,
-    /// Filled by queries; a new view starts empty, so a change never serves an old answer.
+    /// Filled by queries; emptied by every change, so a change never serves an old answer.
     pub prepared: PreparedAnswers,
 }
 
