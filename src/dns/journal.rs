@@ -5,9 +5,10 @@
 //! (its SOA serial is the revision's low 32 bits). Cutting costs a look at every service's
 //! view pointer: the journal holds the views of the last cut, and a held view is replaced
 //! on a change, never modified, so a service whose view is the one of the last cut keeps
-//! its records, and only changed services are built again and compared. The differences are kept oldest first, bounded by count and bytes
-//! (`--journal-max-changes`, `--journal-max-bytes`); a secondary whose serial is older than
-//! the oldest kept gets the whole zone.
+//! its records, and only changed services are built again and compared. The differences
+//! are kept oldest first, bounded by count and bytes (`--journal-max-changes`,
+//! `--journal-max-bytes`); a secondary whose serial is older than the oldest kept gets the
+//! whole zone.
 //!
 //! Only serials that were cut can be the start of an IXFR; those are exactly the serials a
 //! secondary can hold, since it only ever holds what a transfer sent it.

@@ -146,9 +146,7 @@ pub async fn run(
         if (check.target != target || !alive || !owned) && check.stop() {
             running -= 1;
         }
-        if check.target != target {
-            check.target = target;
-        }
+        check.target = target;
         if owned && check.running.is_none() {
             check.running = start(&id, &check.target);
             running += 1;

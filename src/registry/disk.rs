@@ -290,17 +290,13 @@ impl Disk {
 
     /// Persists what the registry holds for `ids`; returns once it is on disk.
     pub async fn write(&self, ids: Vec<Arc<str>>) -> Result<(), String> {
-        self.send(ids, None).await
+        self.enqueue(ids, None).await
     }
 
     /// Stores `instance` as given, before the registry shows it. The commit goes ahead
     /// whether or not the returned [`Commit`] is awaited.
     pub fn put(&self, instance: Stored) -> Commit {
         self.enqueue(Vec::new(), Some(instance))
-    }
-
-    async fn send(&self, ids: Vec<Arc<str>>, put: Option<Stored>) -> Result<(), String> {
-        self.enqueue(ids, put).await
     }
 
     fn enqueue(&self, ids: Vec<Arc<str>>, put: Option<Stored>) -> Commit {

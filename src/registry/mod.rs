@@ -599,22 +599,16 @@ impl Registry {
         }
         let Validated { mut instance, check } = new;
         let asked_healthy = instance.healthy;
-        let existing = match self.instances.get(instance.id.as_str()) {
-            Some(entry) => {
-                (instance.registered_at, instance.healthy) = self.stamp(
-                    &instance,
-                    &check,
-                    asked_healthy,
-                    now,
-                    Some((&entry, entry.lease.alive(now))),
-                );
-                true
-            }
-            None => {
-                (instance.registered_at, instance.healthy) = self.stamp(&instance, &check, asked_healthy, now, None);
-                false
-            }
-        };
+        let old = self.instances.get(instance.id.as_str());
+        self.stamp(
+            &mut instance,
+            &check,
+            asked_healthy,
+            now,
+            old.as_deref().map(|e| (e, e.lease.alive(now))),
+        );
+        let existing = old.is_some();
+        drop(old);
         instance.updated_at = now;
         if !existing {
             let max = self.settings.max_instances;
@@ -639,20 +633,21 @@ impl Registry {
         }
     }
 
-    /// The `registered_at` and `healthy` that `new` (with its check settings and the
+    /// Sets the `registered_at` and `healthy` that `new` (with its check settings and the
     /// `healthy` its registrant asked for) stores at `now` over `old` (the stored entry and
-    /// whether it is alive). Re-registering a live id keeps `registered_at` and, when the
-    /// health checker owns the flag and the check settings, address and port are unchanged,
-    /// `healthy`; registering an id whose lease has run out is a new registration.
+    /// whether it is alive); true when that changed them. Re-registering a live id keeps
+    /// `registered_at` and, when the health checker owns the flag and the check settings,
+    /// address and port are unchanged, `healthy`; registering an id whose lease has run out
+    /// is a new registration.
     fn stamp(
         &self,
-        new: &Instance,
+        new: &mut Instance,
         check: &Arc<CheckSpec>,
         asked_healthy: bool,
         now: Nanos,
         old: Option<(&Entry, bool)>,
-    ) -> (Nanos, bool) {
-        match old {
+    ) -> bool {
+        let stamps = match old {
             Some((old, true)) => {
                 // The checker restarts on new settings or a new target; so does the flag.
                 let same_check =
@@ -666,7 +661,10 @@ impl Registry {
                 (old.instance.registered_at, healthy)
             }
             _ => (now, asked_healthy),
-        }
+        };
+        let changed = stamps != (new.registered_at, new.healthy);
+        (new.registered_at, new.healthy) = stamps;
+        changed
     }
 
     /// Makes a prepared registration visible: DNS, listings, export and the subscribers see
@@ -705,9 +703,7 @@ impl Registry {
                     warn!(id = %id, service = %new.name, from = %old.protocol, to = %new.protocol,
                           "re-registration changed the instance's protocol and replaced it; give explicit ids to register one port over several protocols");
                 }
-                let stamps = self.stamp(&new, &check, asked_healthy, now, Some((entry, alive)));
-                changed = stamps != (new.registered_at, new.healthy);
-                (new.registered_at, new.healthy) = stamps;
+                changed = self.stamp(&mut new, &check, asked_healthy, now, Some((entry, alive)));
                 let instance = new;
                 let earlier = self.move_lease(&id, &entry.lease, deadline);
                 // A registration confirms an instance parked by a stall or a restart.
@@ -736,9 +732,7 @@ impl Registry {
                     // Reaped since `prepare`: the slot it held is taken again, so the cap may
                     // be passed by the registrations racing a sweep, at most one each.
                     self.count.fetch_add(1, Ordering::AcqRel);
-                    let stamps = self.stamp(&new, &check, asked_healthy, now, None);
-                    changed = stamps != (new.registered_at, new.healthy);
-                    (new.registered_at, new.healthy) = stamps;
+                    changed = self.stamp(&mut new, &check, asked_healthy, now, None);
                 }
                 // New when prepared and new now: the very instance that was committed.
                 let instance = new;
