@@ -273,7 +273,7 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 pub fn migrate(args: crate::cluster::MigrateArgs) -> std::process::ExitCode {
     #[cfg(feature = "etcd")]
     {
-        let copied = block_on(crate::registry::etcd::migrate(
+        let copied = block_on(crate::store::etcd::migrate(
             &args.data_dir,
             &args.etcd_endpoints,
             &args.etcd_prefix,

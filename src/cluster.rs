@@ -1,7 +1,8 @@
-//! Several nodes on etcd: the settings every build knows (`--store`, `--etcd-*`), and
-//! the arguments of `koder-dns migrate` (run by [`crate::cli::migrate`]). The etcd client itself is in [`crate::registry::etcd`], compiled only
-//! with the cargo feature `etcd`: its build script needs `protoc`, and the default build
-//! (one node on redb) must build on a machine with nothing installed.
+//! Several nodes on etcd: the settings every build knows (`--store`, `--etcd-*`), and the
+//! arguments of `koder-dns migrate` (run by [`crate::cli::migrate`]). The etcd client itself
+//! is in `crate::store::etcd`, compiled only with the cargo feature `etcd`: its build script
+//! needs `protoc`, and the default build (one node on redb) must build on a machine with
+//! nothing installed.
 
 use std::path::PathBuf;
 

@@ -21,4 +21,5 @@ pub mod metrics;
 pub mod model;
 pub mod registry;
 pub mod server;
+pub mod store;
 pub mod zone;

@@ -19,54 +19,20 @@ use crate::config::{Config, LogFormat, ServeArgs};
 use crate::dns::{self, Authority, answer::ZoneAnswerer};
 use crate::health;
 use crate::model::clock::{Clock, SystemClock};
-use crate::registry::disk::{self, Disk};
-use crate::registry::store::Store;
 use crate::registry::{self, Registry, Settings};
+use crate::store::{self, Store};
 use crate::zone::records::{SoaTimers, ZoneNames};
 
-/// Opens the database, restores the instances it holds and starts the disk writer.
-///
-/// A restored lease ends at the stored `updated_at` + TTL + `--persist-interval`: the stored
-/// stamp may lag the last heartbeat by one batch, so a registrant that kept heart-beating
-/// never gets 410 for a quick restart, and a dead one is served at most one batch longer.
-/// A lease that ran out while the server was down is parked unserved for one more TTL
-/// (see [`Registry::put_back`]), for a restart longer than the TTL.
+/// Opens the store `--store` names: redb under `--data-dir` (see [`store::redb`]), or etcd.
 async fn open_store(config: &Config, registry: &Arc<Registry>) -> anyhow::Result<Store> {
     if config.store == crate::cluster::StoreKind::Etcd {
         return open_etcd(config, registry).await;
     }
-    let data_dir = config.data_dir.clone();
-    let (db, path, loaded) = tokio::task::spawn_blocking(move || disk::open(&data_dir)).await??;
-    registry.raise_revision(loaded.revision.saturating_add(1));
-    // No heartbeat could arrive while the registry was down: leases that ran out then are
-    // kept (unserved) for one more TTL rather than dropped, so registrants that kept
-    // heart-beating never get 410 for the restart.
-    if let Some(alive_at) = loaded.alive_at {
-        registry.blind_between(alive_at, registry.now());
-    }
-    let grace = config.persist_interval.as_nanos() as i64;
-    let total = loaded.instances.len();
-    let mut dead = Vec::new();
-    for instance in loaded.instances {
-        let id: Arc<str> = instance.id.as_str().into();
-        if !registry.put_back(instance, grace) {
-            dead.push(id);
-        }
-    }
-    let unconfirmed = registry.unconfirmed();
-    info!(path = %path.display(), restored = total - dead.len() - unconfirmed, unconfirmed, expired = dead.len(),
-          "registry loaded from disk");
-    let events = registry.subscribe();
-    let disk = Disk::spawn(db, path, registry.clone(), events, config.persist_interval);
-    if !dead.is_empty() {
-        disk.write(dead)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot remove expired instances from disk: {e}"))?;
-    }
-    Ok(Store::new(registry.clone(), disk))
+    let redb = store::redb::Redb::open(&config.data_dir, config.persist_interval, registry).await?;
+    Ok(Store::new(registry.clone(), Arc::new(redb)))
 }
 
-/// `--store etcd`: the registry is loaded from etcd and follows it (see [`registry::etcd`]).
+/// `--store etcd`: the registry is loaded from etcd and follows it (see [`store::etcd`]).
 #[cfg(feature = "etcd")]
 async fn open_etcd(config: &Config, registry: &Arc<Registry>) -> anyhow::Result<Store> {
     let node_id = match config.node_id.as_str() {
@@ -75,15 +41,15 @@ async fn open_etcd(config: &Config, registry: &Arc<Registry>) -> anyhow::Result<
         "auto" => format!("{}:{}", dns::host_name(), config.http_listen.port()),
         id => id.to_owned(),
     };
-    let settings = registry::etcd::Settings {
+    let settings = store::etcd::Settings {
         endpoints: config.etcd_endpoints.clone(),
         prefix: config.etcd_prefix.clone(),
         node_id,
         persist_interval: config.persist_interval,
         reaper_interval: config.reaper_interval,
     };
-    let etcd = registry::etcd::Etcd::open(settings, registry.clone()).await?;
-    Ok(Store::etcd(registry.clone(), etcd))
+    let etcd = store::etcd::Etcd::open(settings, registry.clone()).await?;
+    Ok(Store::new(registry.clone(), etcd))
 }
 
 #[cfg(not(feature = "etcd"))]

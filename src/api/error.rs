@@ -48,15 +48,15 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<crate::model::instance::FieldError> for ApiError {
-    fn from(e: crate::model::instance::FieldError) -> Self {
+impl From<crate::model::FieldError> for ApiError {
+    fn from(e: crate::model::FieldError) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_field", e.to_string())
     }
 }
 
-impl From<crate::registry::store::StoreError> for ApiError {
-    fn from(e: crate::registry::store::StoreError) -> Self {
-        use crate::registry::store::StoreError;
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        use crate::store::StoreError;
         match e {
             StoreError::Full(_) => Self::new(StatusCode::INSUFFICIENT_STORAGE, "registry_full", e.to_string()),
             StoreError::Unavailable(_) => Self::new(

@@ -19,7 +19,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 
-use crate::registry::store::Store;
+use crate::store::Store;
 use auth::ApiKeys;
 use error::ApiError;
 
@@ -70,10 +70,10 @@ pub struct TtlBounds {
 
 impl TtlBounds {
     /// `ttl_ns` of 0 or less means the default and is always allowed.
-    pub fn check(&self, ttl_ns: i64) -> Result<(), crate::model::instance::FieldError> {
+    pub fn check(&self, ttl_ns: i64) -> Result<(), crate::model::FieldError> {
         let (min, max) = (self.min.as_nanos() as i64, self.max.as_nanos() as i64);
         if ttl_ns > 0 && !(min..=max).contains(&ttl_ns) {
-            return Err(crate::model::instance::FieldError::new(
+            return Err(crate::model::FieldError::new(
                 "ttl_ns",
                 format!(
                     "must be 0 (the default lease) or between {min} ({:?}, --min-ttl) and {max} ({:?}, --max-ttl), got {ttl_ns}",

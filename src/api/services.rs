@@ -33,7 +33,7 @@ impl IdBody {
     fn id(self) -> Result<String, ApiError> {
         self.id
             .filter(|id| !id.is_empty())
-            .ok_or_else(|| ApiError::from(crate::model::instance::FieldError::new("id", "is required")))
+            .ok_or_else(|| ApiError::from(crate::model::FieldError::new("id", "is required")))
     }
 }
 
@@ -95,6 +95,7 @@ pub async fn heartbeat(
         .heartbeat(&id, |instance| {
             serde_json::to_vec(instance).expect("instances serialise")
         })
+        .await
         .inspect_err(|_| metrics::heartbeat("unavailable"))?;
     metrics::heartbeat(if json.is_some() { "ok" } else { "gone" });
     let json = json.ok_or_else(|| {

@@ -22,8 +22,8 @@ pub use probe::Target;
 
 pub use owners::{Owners, owner};
 
-use crate::registry::store::Store;
 use crate::registry::{Event, Registry};
+use crate::store::Store;
 
 #[derive(Clone, Debug)]
 pub struct Settings {

@@ -7,7 +7,7 @@
 use std::hash::Hasher;
 use std::sync::Arc;
 
-use crate::registry::store::Membership;
+use crate::store::Membership;
 
 /// Who runs which check; see the module's documentation.
 #[derive(Clone, Debug)]

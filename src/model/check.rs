@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::instance::{FieldError, Metadata, label};
-use super::parse_duration;
+use super::metadata::{Metadata, label};
+use super::{FieldError, parse_duration};
 
 pub const DEFAULT_PATH: &str = "/";
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(10);

@@ -1,7 +1,6 @@
 //! The ServiceInstance of contract R1: its wire shape, and the validation that turns a
 //! registration body into something the registry may store.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -9,8 +8,10 @@ use std::sync::Arc;
 use compact_str::CompactString;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::FieldError;
 use super::check::CheckSpec;
 use super::clock::{Nanos, parse_rfc3339, rfc3339};
+use super::metadata::{Metadata, label};
 
 pub const DEFAULT_PROTOCOL: &str = "tcp";
 pub const DEFAULT_WEIGHT: u16 = 100;
@@ -145,13 +146,6 @@ mod lenient {
     }
 }
 
-pub fn label<'a>(metadata: &'a Metadata, tags: &'a [String], key: &str) -> Option<&'a str> {
-    metadata.get(key).or_else(|| {
-        tags.iter()
-            .find_map(|t| t.split_once('=').filter(|(k, _)| *k == key).map(|(_, v)| v))
-    })
-}
-
 mod timestamp {
     use super::*;
     use serde::{Deserializer, Serializer, de::Error};
@@ -166,78 +160,6 @@ mod timestamp {
             None => Ok(0),
             Some(s) => parse_rfc3339(&s).ok_or_else(|| D::Error::custom(format!("not an RFC 3339 time: {s}"))),
         }
-    }
-}
-
-/// An instance's metadata (R5): a map from string to string, kept as one shared slice sorted
-/// by key. It is set at registration and never changed, and DNS (TXT), the export and the
-/// health checker all read it, so copies of an instance share it instead of cloning it
-/// (a two-entry `BTreeMap` costs a 544-byte node before its strings).
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Metadata(Option<Arc<[(CompactString, CompactString)]>>);
-
-impl Metadata {
-    pub fn get(&self, key: &str) -> Option<&str> {
-        let entries = self.0.as_deref()?;
-        entries
-            .binary_search_by(|(k, _)| k.as_str().cmp(key))
-            .ok()
-            .map(|i| entries[i].1.as_str())
-    }
-
-    /// The entries, sorted by key.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.as_deref().map_or(0, <[_]>::len)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl From<BTreeMap<String, String>> for Metadata {
-    fn from(map: BTreeMap<String, String>) -> Self {
-        let entries: Vec<(CompactString, CompactString)> = map.into_iter().map(|(k, v)| (k.into(), v.into())).collect();
-        Self((!entries.is_empty()).then(|| entries.into()))
-    }
-}
-
-impl<K: Into<String>, V: Into<String>> FromIterator<(K, V)> for Metadata {
-    /// Later entries win over earlier ones with the same key, as in a JSON object.
-    fn from_iter<I: IntoIterator<Item = (K, V)>>(entries: I) -> Self {
-        entries
-            .into_iter()
-            .map(|(k, v)| (k.into(), v.into()))
-            .collect::<BTreeMap<_, _>>()
-            .into()
-    }
-}
-
-impl fmt::Debug for Metadata {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_map().entries(self.iter()).finish()
-    }
-}
-
-impl Serialize for Metadata {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_map(self.iter())
-    }
-}
-
-impl<'de> Deserialize<'de> for Metadata {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(Option::<BTreeMap<String, String>>::deserialize(d)?
-            .map(Self::from)
-            .unwrap_or_default())
     }
 }
 
@@ -354,23 +276,6 @@ impl std::ops::Deref for Validated {
 
     fn deref(&self) -> &Instance {
         &self.instance
-    }
-}
-
-/// A validation failure: which field, and what was wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct FieldError {
-    pub field: String,
-    pub message: String,
-}
-
-impl FieldError {
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            message: message.into(),
-        }
     }
 }
 

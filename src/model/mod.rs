@@ -5,12 +5,17 @@
 //! - [`instance`]: the [`instance::Instance`] a registrant sends and the registry stores
 //!   (one struct), with its address, metadata and labels, validated into an
 //!   [`instance::Validated`] that carries its parsed check;
+//! - [`metadata`]: its metadata map and the labels read from it or from its tags;
 //! - [`check`]: the health check an instance asks for through its labels;
 //! - [`clock`]: the registry's notion of now, real or moved by a test.
 
 pub mod check;
 pub mod clock;
 pub mod instance;
+pub mod metadata;
+
+#[cfg(test)]
+pub(crate) mod tests;
 
 use std::time::Duration;
 
@@ -22,4 +27,21 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Ok(Duration::ZERO);
     }
     humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 90s, 500ms or 2m ({e})"))
+}
+
+/// A validation failure: which field, and what was wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
 }

@@ -8,7 +8,8 @@ use hickory_proto::rr::domain::Label;
 use hickory_proto::rr::rdata::{A, AAAA, NS, SOA, SRV, TXT};
 use hickory_proto::rr::{LowerName, Name, RData, Record};
 
-use crate::model::instance::{Address, Instance, Metadata};
+use crate::model::instance::{Address, Instance};
+use crate::model::metadata::Metadata;
 
 /// The fixed names of the service zone.
 #[derive(Clone, Debug)]

@@ -1,0 +1,102 @@
+//! Calls to etcd: connecting, timeouts, and what a failed call means for a write.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use etcd_client::{Client, ConnectOptions, Txn, TxnResponse};
+
+use super::Etcd;
+use crate::store::StoreError;
+
+/// Longest wait for one etcd call; past it a write's outcome is unknown.
+pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Connects; etcd-client balances over the endpoints and fails over between them.
+pub(super) async fn connect(endpoints: &[String]) -> anyhow::Result<Client> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(1))
+        .with_timeout(CALL_TIMEOUT)
+        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+        // A member cut off from the quorum cancels watches instead of going silent.
+        .with_require_leader(true);
+    Client::connect(endpoints, Some(options))
+        .await
+        .with_context(|| format!("cannot connect to etcd at {} (--etcd-endpoints)", endpoints.join(",")))
+}
+
+pub(super) fn outcome_unknown(what: &str) -> StoreError {
+    StoreError::OutcomeUnknown(format!("etcd did not confirm the {what} in time"))
+}
+
+/// A failed call: unknown outcome when the request may have been carried out (cancelled,
+/// timed out, or an unknown answer), unavailable when it was refused.
+pub(super) fn classify(e: etcd_client::Error, what: &str) -> StoreError {
+    match &e {
+        // tonic's codes: 1 Cancelled, 2 Unknown, 4 DeadlineExceeded; etcd answers a proposal
+        // it could not confirm in time with 14 Unavailable "request timed out".
+        etcd_client::Error::GRpcStatus(s)
+            if matches!(s.code() as i32, 1 | 2 | 4) || s.message().contains("timed out") =>
+        {
+            outcome_unknown(what)
+        }
+        _ => StoreError::Unavailable(format!("etcd refused the {what}: {e}")),
+    }
+}
+
+/// A call that never reached a member: the connection was refused.
+pub(super) fn refused(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => s.code() as i32 == 14 && s.message().contains("connect"),
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// Runs `call` again (a few times, quickly) when the connection was refused. etcd-client
+/// balances over every endpoint and keeps sending a share of the calls to a dead member;
+/// such a call carried nothing, so trying again reaches a live one.
+pub(super) async fn retrying<T, F, Fut>(client: &Client, mut call: F) -> Result<T, etcd_client::Error>
+where
+    F: FnMut(Client) -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match call(client.clone()).await {
+            Err(e) if refused(&e) && tries < 8 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+impl Etcd {
+    /// One etcd call under [`CALL_TIMEOUT`] (tried again on a refused connection); a
+    /// timeout leaves the outcome unknown.
+    pub(super) async fn call<T, F, Fut>(&self, what: &str, call: F) -> Result<T, StoreError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let started = Instant::now();
+        let result = match tokio::time::timeout(CALL_TIMEOUT, retrying(&self.client, call)).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err(classify(e, what)),
+            Err(_) => Err(outcome_unknown(what)),
+        };
+        // The same series as redb's commits: an operator's dashboard works for both stores.
+        crate::metrics::store_commit(result.is_ok(), started.elapsed());
+        result
+    }
+
+    pub(super) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse, StoreError> {
+        self.call(what, |mut client| {
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await
+    }
+}

@@ -1,0 +1,131 @@
+//! Register, deregister and the health checker's verdict as etcd transactions, answered
+//! only once this node shows them (read-your-writes).
+
+use std::sync::atomic::Ordering;
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+
+use super::Etcd;
+use crate::model::instance::{Instance, Validated};
+use crate::registry::Registered;
+use crate::store::StoreError;
+
+/// A registration decided again this often at most when other nodes keep changing its key.
+pub(super) const RETRIES: usize = 8;
+
+impl Etcd {
+    /// Refuses at once while etcd is unreachable (see [`Self::probe`]).
+    pub(super) fn writable(&self) -> Result<(), StoreError> {
+        if self.reachable.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable(
+                "etcd is unreachable or has no quorum; this node answers reads from its copy".into(),
+            ))
+        }
+    }
+
+    /// R2 as an etcd transaction; see the module's documentation.
+    pub(super) async fn register(&self, new: Validated) -> Result<Registered, StoreError> {
+        self.writable()?;
+        for _ in 0..RETRIES {
+            // Read before the registry: the registry is updated before the revision, so the
+            // state decided from is never older than the revision compared on.
+            let known = self.revisions.get(new.id.as_str()).map_or(0, |r| *r);
+            let prepared = self.registry.prepare(new.clone())?;
+            let created = prepared.created();
+            let instance = prepared.instance.clone();
+            self.registry.cancel(prepared);
+            match self.put_compared("registration", &instance, known).await? {
+                Ok(()) => return Ok(Registered { instance, created }),
+                // Another node changed the key: catch up to that change, then decide again.
+                Err(revision) => self.wait_applied(revision).await?,
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the instance kept changing on other nodes during this registration; retry".into(),
+        ))
+    }
+
+    /// Puts `instance` under its key if the key is still at `known` (its `mod_revision` as
+    /// this node last applied it). On success this node applies it at once: read-your-writes
+    /// without waiting for the watch, since etcd says the key holds this instance at the
+    /// answer's revision; the watch's later delivery of that revision is then a no-op, and
+    /// anything newer still wins (see `apply_instance`). Only the registry's revision waits
+    /// for the watch, so it stays etcd's everywhere. `Err(revision)`: another node changed
+    /// the key; catch up to `revision` before deciding again.
+    pub(super) async fn put_compared(
+        &self,
+        what: &str,
+        instance: &Instance,
+        known: i64,
+    ) -> Result<Result<(), i64>, StoreError> {
+        let key = self.key(&instance.id);
+        let json = serde_json::to_vec(instance).expect("instances serialise");
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, known)])
+            .and_then([TxnOp::put(key, json, None)]);
+        let answer = self.txn(what, txn).await?;
+        let revision = answer.header().map_or(0, |h| h.revision());
+        if !answer.succeeded() {
+            return Ok(Err(revision));
+        }
+        let _applying = self.applying.lock();
+        if *self.applied.borrow() < revision {
+            self.apply_instance(instance.id.as_str().into(), instance.clone(), revision);
+        }
+        Ok(Ok(()))
+    }
+
+    /// R4 as an etcd delete. True when a live instance was removed.
+    pub(super) async fn deregister(&self, id: &str) -> Result<bool, StoreError> {
+        self.writable()?;
+        let alive = self.registry.get(id).is_some();
+        let key = self.key(id);
+        let answer = self
+            .call("deregistration", |mut client| {
+                let key = key.clone();
+                async move { client.delete(key, None).await }
+            })
+            .await?;
+        if answer.deleted() == 0 {
+            return Ok(false);
+        }
+        self.wait_applied(answer.header().map_or(0, |h| h.revision())).await?;
+        Ok(alive)
+    }
+
+    /// The owner's health verdict as an etcd transaction, compared on the key's
+    /// `mod_revision` like a renewal: when the key changed elsewhere meanwhile (a renewal
+    /// batch, a re-registration) this node catches up and decides again on what it then
+    /// holds; a deregistration ends it. Applied here at once, on the other nodes through
+    /// their watch. True when the flag changed.
+    pub(super) async fn set_health(&self, id: &str, healthy: bool) -> Result<bool, StoreError> {
+        self.writable()?;
+        for _ in 0..RETRIES {
+            // Read before the registry, as a registration does.
+            let Some(known) = self.revisions.get(id).map(|r| *r) else {
+                return Ok(false);
+            };
+            let Some(mut instance) = self.registry.to_persist(id) else {
+                return Ok(false);
+            };
+            if instance.healthy == healthy {
+                // Stored already; a passing check still confirms an instance parked after
+                // every node was down (see [`Registry::blind_between`]), here.
+                return Ok(self.registry.set_health(id, healthy));
+            }
+            instance.healthy = healthy;
+            match self.put_compared("health verdict", &instance, known).await? {
+                Ok(()) => {
+                    self.registry.set_health(id, healthy);
+                    return Ok(true);
+                }
+                Err(revision) => self.wait_applied(revision).await?,
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the instance kept changing on other nodes; the verdict is decided again after the next probe".into(),
+        ))
+    }
+}
