@@ -45,10 +45,10 @@ fi
 export PATH="$PWD/$venv/bin:$PATH"
 
 # Style and lints first: a formatting drift or a clippy warning fails the suite. Both builds:
-# the default one (one node, no protoc needed) and the cluster node's (--features etcd).
+# the default one (one node, no protoc needed) and every feature (the etcd code included).
 cargo fmt --check
 cargo clippy --all-targets --quiet -- -D warnings
-cargo clippy --all-targets --features etcd --quiet -- -D warnings
+cargo clippy --all-targets --all-features --quiet -- -D warnings
 # The default build must not need protoc: etcd-client stays out of its dependency tree.
 if cargo tree --edges normal,build --prefix none | grep -q '^etcd-client '; then
     echo "tests/run.sh: the default build depends on etcd-client (it must stay behind --features etcd)" >&2
