@@ -8,6 +8,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod access;
 pub mod api;
 pub mod cli;
 pub mod client;
@@ -21,4 +22,5 @@ pub mod metrics;
 pub mod model;
 pub mod registry;
 pub mod server;
+pub mod tls;
 pub mod zone;
