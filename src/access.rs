@@ -124,6 +124,11 @@ impl Key {
         }
     }
 
+    /// May this key change instances of every service (admin)?
+    pub fn may_write_all(&self) -> bool {
+        self.scope == Scope::Admin
+    }
+
     /// May this key change any instance at all (admin, or register with its services)?
     pub fn writes(&self) -> bool {
         self.scope != Scope::Read
@@ -131,7 +136,11 @@ impl Key {
 
     /// The services it may change, for a 403's message: `voice, sip-*`.
     pub fn services_text(&self) -> String {
-        self.services.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+        self.services
+            .iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -345,7 +354,9 @@ fn parse_digest(text: &str) -> Result<[u8; 32], String> {
         .then(|| data_encoding::HEXLOWER_PERMISSIVE.decode(text.as_bytes()).ok())
         .flatten();
     bytes.and_then(|b| b.try_into().ok()).ok_or_else(|| {
-        format!("sha256 must be 64 hex digits (the SHA-256 of the token, as `koder-dns keys new` prints it), got {text:?}")
+        format!(
+            "sha256 must be 64 hex digits (the SHA-256 of the token, as `koder-dns keys new` prints it), got {text:?}"
+        )
     })
 }
 
@@ -418,7 +429,11 @@ mod tests {
                 5,
                 "unknown field",
             ),
-            ("[[key]]\nid = \"a\"\nsha256 = \"abc\"\nscope = \"read\"\n".to_owned(), 3, "64 hex digits"),
+            (
+                "[[key]]\nid = \"a\"\nsha256 = \"abc\"\nscope = \"read\"\n".to_owned(),
+                3,
+                "64 hex digits",
+            ),
             (
                 format!("[[key]]\nid = \"a\"\nsha256 = \"{good}\"\nscope = \"root\"\n"),
                 4,

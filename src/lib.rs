@@ -21,6 +21,7 @@ pub mod listener;
 pub mod metrics;
 pub mod model;
 pub mod registry;
+pub mod reload;
 pub mod server;
 pub mod tls;
 pub mod zone;

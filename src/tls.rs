@@ -172,22 +172,25 @@ impl ResolvesServerCert for ServerCert {
     }
 }
 
-/// A reqwest client builder that trusts the system's roots and, with `ca`, the CA
-/// certificates in that PEM file too (`--ca`, `KODER_DNS_CA`), for `https://` URLs of a
-/// registry whose certificate a private CA signed.
-pub fn http_client(ca: Option<&Path>) -> Result<reqwest::ClientBuilder, FileError> {
+/// A reqwest client builder trusting the system's roots. Every `reqwest::Client` of this
+/// process is made from one (reqwest needs the provider [`install_provider`] sets).
+pub fn client_builder() -> reqwest::ClientBuilder {
     install_provider();
-    let mut builder = reqwest::Client::builder();
-    if let Some(path) = ca {
-        let certs = read_certs("--ca", path)?;
-        let certs = certs
-            .iter()
-            .map(|der| reqwest::Certificate::from_der(der))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| file_error("--ca", path, e))?;
-        builder = builder.tls_certs_merge(certs);
-    }
-    Ok(builder)
+    reqwest::Client::builder()
+}
+
+/// `builder`, trusting the CA certificates in the PEM file `ca` too (`--ca`,
+/// `KODER_DNS_CA`): for `https://` URLs of a registry whose certificate a private CA signed.
+pub fn trusting(builder: reqwest::ClientBuilder, ca: Option<&Path>) -> Result<reqwest::ClientBuilder, FileError> {
+    let Some(path) = ca else {
+        return Ok(builder);
+    };
+    let certs = read_certs("--ca", path)?
+        .iter()
+        .map(|der| reqwest::Certificate::from_der(der))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_error("--ca", path, e))?;
+    Ok(builder.tls_certs_merge(certs))
 }
 
 #[cfg(test)]
@@ -247,13 +250,20 @@ mod tests {
         let loaded = Credentials::load(&cert_path, &key_path).unwrap();
         let pkcs8_path = dir.path().join("p8.key");
         std::fs::write(&pkcs8_path, key.serialize_pem()).unwrap();
-        assert_eq!(loaded.serial, Credentials::load(&cert_path, &pkcs8_path).unwrap().serial);
+        assert_eq!(
+            loaded.serial,
+            Credentials::load(&cert_path, &pkcs8_path).unwrap().serial
+        );
     }
 
     fn pem_block(label: &str, der: &[u8]) -> String {
         use data_encoding::BASE64;
         let body = BASE64.encode(der);
-        let lines: Vec<&str> = body.as_bytes().chunks(64).map(|c| std::str::from_utf8(c).unwrap()).collect();
+        let lines: Vec<&str> = body
+            .as_bytes()
+            .chunks(64)
+            .map(|c| std::str::from_utf8(c).unwrap())
+            .collect();
         format!("-----BEGIN {label}-----\n{}\n-----END {label}-----\n", lines.join("\n"))
     }
 
@@ -263,11 +273,17 @@ mod tests {
         let (cert, _, _) = pair(dir.path(), "a");
         let missing = dir.path().join("missing.key");
         let error = Credentials::load(&cert, &missing).unwrap_err().to_string();
-        assert!(error.contains("missing.key") && error.contains("cannot read"), "{error}");
+        assert!(
+            error.contains("missing.key") && error.contains("cannot read"),
+            "{error}"
+        );
         let empty = dir.path().join("empty.crt");
         std::fs::write(&empty, "").unwrap();
         let error = Credentials::load(&empty, &missing).unwrap_err().to_string();
-        assert!(error.starts_with("--tls-cert ") && error.contains("empty.crt"), "{error}");
+        assert!(
+            error.starts_with("--tls-cert ") && error.contains("empty.crt"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -926,6 +926,12 @@ impl Registry {
         self.instances.contains_key(id)
     }
 
+    /// The service of a stored instance, expired or not: what a `register` key is checked
+    /// against before it may renew, replace or remove the instance.
+    pub fn service_of(&self, id: &str) -> Option<compact_str::CompactString> {
+        self.instances.get(id).map(|e| e.instance.name.clone())
+    }
+
     /// Any stored instance, expired or not: what durable storage should hold for `id` now.
     /// Settles the renewals pending for it: the next one is announced again.
     pub fn to_persist(&self, id: &str) -> Option<Instance> {

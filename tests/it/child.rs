@@ -126,7 +126,7 @@ pub async fn launch(data: &Path, extra: &[&str]) -> Started {
         log,
         reader: Some(reader),
     };
-    let client = reqwest::Client::builder()
+    let client = crate::common::http_builder()
         .timeout(Duration::from_secs(2))
         .build()
         .unwrap();

@@ -23,6 +23,16 @@ pub struct TestServer {
     pub dir: tempfile::TempDir,
 }
 
+/// An HTTP client. reqwest takes its TLS provider from the process, which must have one
+/// before any client is built, `http://` ones included.
+pub fn http() -> reqwest::Client {
+    http_builder().build().unwrap()
+}
+
+pub fn http_builder() -> reqwest::ClientBuilder {
+    koder_dns::tls::client_builder()
+}
+
 /// A config on ephemeral loopback ports with a private data directory and no zones.
 pub fn test_config(dir: &std::path::Path) -> Config {
     Config {
@@ -60,7 +70,7 @@ pub async fn start_with_clock(tweak: impl FnOnce(&mut Config), clock: Arc<dyn Cl
     let base = format!("http://{}", running.http_addr);
     TestServer {
         running,
-        http: reqwest::Client::new(),
+        http: http(),
         base,
         dir,
     }

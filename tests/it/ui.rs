@@ -130,7 +130,7 @@ async fn ui_in_chromium_shows_an_instance_and_drops_it_after_deregistration() {
             .expect("run chromedriver (apt-get install chromium-driver)"),
     );
     let profile = tempfile::tempdir().unwrap();
-    let http = reqwest::Client::new();
+    let http = crate::common::http();
     let driver = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(20);
     while http.get(format!("{driver}/status")).send().await.is_err() {
