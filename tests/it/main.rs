@@ -8,6 +8,7 @@
 mod child;
 mod common;
 
+mod access;
 mod api;
 mod clients;
 mod concurrency;
