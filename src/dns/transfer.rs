@@ -162,7 +162,7 @@ pub fn answer(authority: &Authority, message: &[u8], src: SocketAddr, send: &mut
         }
         return;
     }
-    match zones.static_zones.load().zone(&name) {
+    match zones.static_zones.load_full().zone(&name) {
         Some(file) => {
             let serial = match &file.soa.data {
                 RData::SOA(soa) => soa.serial,

@@ -23,6 +23,7 @@ mod metrics;
 mod model;
 mod openapi;
 mod prepared;
+mod reload;
 mod restart;
 mod sd;
 mod tls;
