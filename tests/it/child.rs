@@ -181,10 +181,6 @@ impl Proc {
         format!("{}://{}", if self.https { "https" } else { "http" }, self.http)
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Sends `signal` (`HUP`, `TERM`, ...) with kill(1).
     pub fn signal(&self, signal: &str) {
         let ok = Command::new("kill")
