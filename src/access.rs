@@ -157,11 +157,14 @@ pub fn new_token() -> anyhow::Result<String> {
     Ok(format!("{TOKEN_PREFIX}{}", data_encoding::BASE64URL_NOPAD.encode(&raw)))
 }
 
+/// The keys whose digests share their first 8 bytes: one, but for a 2^-64 chance.
+type Bucket = Vec<([u8; 32], Arc<Key>)>;
+
 /// Every key the server accepts, by digest.
 #[derive(Debug, Default)]
 pub struct Table {
-    /// By the digest's first 8 bytes; a bucket holds more than one key only by a 2^-64 chance.
-    buckets: HashMap<u64, Vec<([u8; 32], Arc<Key>)>>,
+    /// By the digest's first 8 bytes.
+    buckets: HashMap<u64, Bucket>,
     len: usize,
 }
 

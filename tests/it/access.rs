@@ -73,6 +73,9 @@ enum Kind {
     Change(&'static str),
 }
 
+/// The status a scope is refused a kind of request with, or `None` when it is served.
+type Refused = fn(Kind) -> Option<u16>;
+
 #[tokio::test]
 async fn every_scope_against_every_route() {
     let keys = Keys::new();
@@ -154,7 +157,7 @@ async fn every_scope_against_every_route() {
             Kind::Change("db"),
         ),
     ];
-    let scopes: [(&str, Option<&str>, fn(Kind) -> Option<u16>); 5] = [
+    let scopes: [(&str, Option<&str>, Refused); 5] = [
         // Some(status) when the scope is refused with it, None when the route answers.
         ("admin", Some(KEY), |_| None),
         ("read", Some(keys.read.as_str()), |kind| match kind {
