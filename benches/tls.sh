@@ -147,9 +147,28 @@ server:
     module-config: "iterator"
     local-zone: "service.koder." static
 EOF
-        # Every record of the zone NSD and Knot get in dns-compare.sh, as local-data.
-        awk '!/^[;$]/ && NF >= 4 { line = $0; gsub(/"/, "\\\"", line); printf "    local-data: \"%s\"\n", line }' \
-            "$IN/service.koder.zone"
+        # Every record of the zone NSD and Knot get in dns-compare.sh, as local-data, with
+        # its names written out in full (unbound reads local-data without an origin).
+        python3 - "$IN/service.koder.zone" <<'PY'
+import sys
+origin, ttl = "service.koder.", "5"
+for line in open(sys.argv[1]):
+    f = line.split()
+    if not f or f[0].startswith(";"):
+        continue
+    if f[0] == "$ORIGIN":
+        origin = f[1]
+        continue
+    if f[0] == "$TTL":
+        ttl = f[1]
+        continue
+    full = lambda n: origin if n == "@" else n if n.endswith(".") else f"{n}.{origin}"
+    owner, cls, rtype, rdata = full(f[0]), f[1], f[2], f[3:]
+    if rtype in ("SRV", "NS", "CNAME", "MX"):
+        rdata[-1] = full(rdata[-1])
+    # Single quotes around it, as unbound's manual writes TXT data: the strings keep theirs.
+    print(f"    local-data: '{owner} {ttl} {cls} {rtype} {' '.join(rdata)}'")
+PY
         echo "remote-control:"
         echo "    control-enable: no"
     } >"$UB/unbound.conf"

@@ -1026,6 +1026,20 @@ frontend fe
     );
 }
 
+/// unbound stubbing the service zone to `dot` over TLS, trusting the CA in `ca` for the name
+/// `localhost`.
+async fn start_unbound_over_tls(dot: SocketAddr, ca: &Path) -> Unbound {
+    start_unbound_with(
+        &format!(
+            "    stub-addr: {}@{}#localhost\n    stub-tls-upstream: yes",
+            dot.ip(),
+            dot.port()
+        ),
+        &format!("    tls-cert-bundle: \"{}\"", ca.display()),
+    )
+    .await
+}
+
 /// RFC 7858 end to end: unbound forwards the service zone to `--dot-listen` over TLS,
 /// checking the certificate against a private CA (`tls-cert-bundle`) and the name it was
 /// issued for, and resolves what was registered.
@@ -1038,15 +1052,7 @@ async fn unbound_resolves_the_service_zone_over_dns_over_tls() {
         .register(json!({"name": "voice", "address": "10.0.0.1", "port": 5060}))
         .await;
     let dot = server.running.dot_addr.expect("DNS over TLS is on");
-    let unbound = start_unbound_with(
-        &format!(
-            "    stub-addr: {}@{}#localhost\n    stub-tls-upstream: yes",
-            dot.ip(),
-            dot.port()
-        ),
-        &format!("    tls-cert-bundle: \"{}\"", pki.ca_path.display()),
-    )
-    .await;
+    let unbound = start_unbound_over_tls(dot, &pki.ca_path).await;
     let srv = dig(unbound.addr, &["SRV", "_voice._tcp.service.koder"]).await;
     assert_eq!(srv.status, "NOERROR", "{}\n{}", srv.raw, unbound.log());
     let got: Vec<String> = Dig::of_type(&srv.answer, "SRV")
@@ -1069,15 +1075,7 @@ async fn unbound_resolves_the_service_zone_over_dns_over_tls() {
         .register(json!({"name": "voice", "address": "10.9.9.9", "port": 5060}))
         .await;
     let dot = other.running.dot_addr.unwrap();
-    let refusing = start_unbound_with(
-        &format!(
-            "    stub-addr: {}@{}#localhost\n    stub-tls-upstream: yes",
-            dot.ip(),
-            dot.port()
-        ),
-        &format!("    tls-cert-bundle: \"{}\"", pki.ca_path.display()),
-    )
-    .await;
+    let refusing = start_unbound_over_tls(dot, &pki.ca_path).await;
     let srv = dig(refusing.addr, &["SRV", "_voice._tcp.service.koder"]).await;
     assert_eq!(
         srv.status, "SERVFAIL",
