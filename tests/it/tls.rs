@@ -298,3 +298,120 @@ async fn the_start_is_refused_naming_the_file_for_a_lone_certificate_or_a_key_of
         assert!(stderr.contains(named), "{args:?} must name {named:?}: {stderr}");
     }
 }
+
+/// The operator tools, the conformance checker, the agent and the library client reach an
+/// HTTPS registry whose certificate a private CA signed, given the CA with `--ca` (or
+/// `KODER_DNS_CA`), and refuse it without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_client_speaks_https_to_a_private_ca_given_with_ca() {
+    let pki = Pki::new();
+    let server = common::start_https(&pki, |_| {}).await;
+    let ca = pki.ca_path.to_str().unwrap();
+    let run = |args: Vec<String>, ca_env: Option<&str>| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_koder-dns"));
+        command.args(&args).env("KODER_DNS_API_KEY", KEY).kill_on_drop(true);
+        for var in ["KODER_DNS_CA", "KODER_DNS_URL", "KODER_DNS_DATA_DIR"] {
+            command.env_remove(var);
+        }
+        if let Some(ca) = ca_env {
+            command.env("KODER_DNS_CA", ca);
+        }
+        async move {
+            tokio::time::timeout(Duration::from_secs(60), command.output())
+                .await
+                .expect("the client finished")
+                .expect("the client ran")
+        }
+    };
+    let args = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let base = server.base.as_str();
+
+    let export = run(args(&["export", "--url", base, "--ca", ca]), None).await;
+    assert!(export.status.success(), "{}", String::from_utf8_lossy(&export.stderr));
+    let reference = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(reference.path(), &export.stdout).unwrap();
+    let refused = run(args(&["export", "--url", base]), None).await;
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "no --ca: the certificate is not trusted"
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains(base), "{stderr}");
+    let drift = run(
+        args(&[
+            "drift",
+            "--url",
+            base,
+            "--reference",
+            reference.path().to_str().unwrap(),
+        ]),
+        Some(ca),
+    )
+    .await;
+    assert_eq!(
+        drift.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&drift.stderr)
+    );
+
+    let conformance = run(args(&["conformance", "--url", base, "--ca", ca]), None).await;
+    assert_eq!(
+        conformance.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&conformance.stdout),
+        String::from_utf8_lossy(&conformance.stderr)
+    );
+
+    let client = koder_dns::client::Client::with_ca(
+        vec![server.base.clone()],
+        KEY,
+        Duration::from_secs(5),
+        Some(&pki.ca_path),
+    )
+    .unwrap();
+    assert!(client.services().await.unwrap().is_empty(), "conformance cleans up");
+
+    let agent = std::process::Command::new(env!("CARGO_BIN_EXE_koder-dns"))
+        .args([
+            "agent",
+            "--url",
+            base,
+            "--ca",
+            ca,
+            "--name",
+            "tls-agent",
+            "--address",
+            "127.0.0.1",
+        ])
+        .args(["--port", "7200", "--ttl", "2s"])
+        .env("KODER_DNS_API_KEY", KEY)
+        .env_remove("KODER_DNS_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while client.services().await.unwrap() != ["tls-agent"] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent did not register over HTTPS"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ok = Command::new("kill")
+        .args(["-TERM", &agent.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let mut agent = agent;
+    let exit = tokio::task::spawn_blocking(move || agent.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "{exit}");
+    assert!(client.services().await.unwrap().is_empty(), "deregistered on SIGTERM");
+}
