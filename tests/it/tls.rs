@@ -89,6 +89,38 @@ async fn plain_http_on_the_https_port_gets_no_http_answer() {
     assert!(error.is_err(), "{error:?}");
 }
 
+/// Slowloris over TLS: a client that connects and never finishes its handshake holds its
+/// connection no longer than the header timeout (`--http-request-timeout`), and the
+/// connection bound holds for HTTPS as for HTTP.
+#[tokio::test]
+async fn an_unfinished_handshake_is_cut_at_the_header_timeout_and_the_connection_bound_holds() {
+    let pki = Pki::new();
+    let server = common::start_https(&pki, |c| {
+        c.http_request_timeout = Duration::from_millis(400);
+        c.http_max_connections = 2;
+    })
+    .await;
+    let addr = server.running.http_addr;
+    let started = std::time::Instant::now();
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut byte = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut byte)).await;
+    assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    // Two silent clients hold both connections; a third waits until one is cut.
+    let _a = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _b = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = std::time::Instant::now();
+    let status = server.http.get(server.url("/healthz")).send().await.unwrap().status();
+    assert_eq!(status, 200);
+    assert!(
+        started.elapsed() >= Duration::from_millis(200),
+        "the third connection was served before a slot was free: {:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn dns_over_tls_answers_as_dns_over_tcp_does() {
     let pki = Pki::new();
