@@ -88,7 +88,7 @@ async fn main() {
     // runs): raw etcd transactions of a registration's shape, then registrations through
     // the nodes. The medians are reported.
     let client = Client::connect(&etcd, None).await.expect("connect to etcd");
-    let http = reqwest::Client::builder()
+    let http = koder_dns::tls::client_builder()
         .pool_max_idle_per_host(clients)
         .build()
         .unwrap();

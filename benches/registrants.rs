@@ -51,7 +51,7 @@ impl Counter {
 async fn proxy(upstream: String, counter: Arc<Counter>) -> String {
     use axum::body::Bytes;
     use axum::http::{HeaderMap, Method, StatusCode, Uri};
-    let http = reqwest::Client::new();
+    let http = koder_dns::tls::client_builder().build().unwrap();
     let app = axum::Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
         let (http, upstream, counter) = (http.clone(), upstream.clone(), counter.clone());
         async move {

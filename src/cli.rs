@@ -51,6 +51,43 @@ pub enum Command {
     /// Refuses when the prefix already holds a registry, unless --force. Exit status: 0
     /// copied, 1 refused or failed.
     Migrate(crate::cluster::MigrateArgs),
+    /// API keys: `keys new` makes one for a --keys-file.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Print a new token (first line: give it to the client, nowhere else) and the [[key]]
+    /// table for the server's --keys-file (the token's SHA-256, never the token). Writes no file.
+    ///
+    /// Scopes: admin (every route), read (every GET under /api/v1 and POST /services/drift:
+    /// for an edge proxy or a dashboard), register (reads, and register, heartbeat and
+    /// deregister of the services named with --service: for a registrant).
+    New(KeysNewArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KeysNewArgs {
+    /// The key's name in logs and error messages (never the secret), e.g. edge or voice-agent.
+    #[arg(long)]
+    pub id: String,
+    /// admin, read or register.
+    #[arg(long, value_parser = |s: &str| s.parse::<crate::access::Scope>())]
+    pub scope: crate::access::Scope,
+    /// A service the register key may change; a trailing * matches any suffix (sip-*).
+    /// Repeat for several. Register keys only.
+    #[arg(long = "service", value_name = "PATTERN")]
+    pub services: Vec<String>,
+}
+
+/// The CA option of every client: `https://` URLs whose certificate a private CA signed.
+#[derive(Debug, Args, Clone)]
+pub struct Trust {
+    /// PEM file of CA certificates to trust besides the system's roots, for a registry
+    /// serving HTTPS with a certificate from a private CA.
+    #[arg(long, env = "KODER_DNS_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -64,6 +101,8 @@ pub struct ConformanceArgs {
     /// The service zone the DNS check queries.
     #[arg(long, default_value = "service.koder")]
     pub domain: String,
+    #[command(flatten)]
+    pub trust: Trust,
 }
 
 #[derive(Debug, Args)]
@@ -98,6 +137,8 @@ pub struct AgentArgs {
     /// The lease; heartbeats go at a third of it.
     #[arg(long, default_value = "30s", value_parser = crate::model::parse_duration)]
     pub ttl: Duration,
+    #[command(flatten)]
+    pub trust: Trust,
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -119,6 +160,8 @@ pub struct Remote {
     /// The server's data directory, where it keeps the key it generated.
     #[arg(long, env = "KODER_DNS_DATA_DIR", value_name = "DIR", default_value = "data")]
     pub data_dir: PathBuf,
+    #[command(flatten)]
+    pub trust: Trust,
 }
 
 #[derive(Debug, Args)]
@@ -240,7 +283,8 @@ impl Remote {
     ) -> anyhow::Result<reqwest::Response> {
         let url = format!("{}/api/v1{path}", self.url.trim_end_matches('/'));
         let key = self.key()?;
-        let mut request = reqwest::Client::new().request(method, &url).header("X-API-Key", key);
+        let client = crate::tls::trusting(crate::tls::client_builder(), self.trust.ca.as_deref())?.build()?;
+        let mut request = client.request(method, &url).header("X-API-Key", key);
         if let Some(body) = body {
             request = request.body(body);
         }
@@ -377,7 +421,7 @@ pub fn agent(args: AgentArgs) -> std::process::ExitCode {
                 .unwrap_or_default(),
         };
         anyhow::ensure!(!key.is_empty(), "no API key: set KODER_DNS_API_KEY or --api-key-file");
-        let client = crate::client::Client::new(args.url, key, Duration::from_secs(10))?;
+        let client = crate::client::Client::with_ca(args.url, key, Duration::from_secs(10), args.trust.ca.as_deref())?;
         let registration = crate::client::Instance {
             id: args.id.unwrap_or_default().into(),
             name: args.name.into(),
@@ -408,6 +452,47 @@ pub fn agent(args: AgentArgs) -> std::process::ExitCode {
     }
 }
 
+/// `koder-dns keys new`: exit 0 printed, 2 bad arguments.
+pub fn keys(command: KeysCommand) -> std::process::ExitCode {
+    let KeysCommand::New(args) = command;
+    let made = (|| {
+        let id = args.id.trim();
+        anyhow::ensure!(
+            !id.is_empty() && id.len() <= 64 && !id.chars().any(char::is_control),
+            "--id: 1-64 printable characters"
+        );
+        let services = args
+            .services
+            .iter()
+            .map(|p| crate::access::Pattern::parse(p).map_err(|e| anyhow::anyhow!("--service: {e}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        match args.scope {
+            crate::access::Scope::Register => anyhow::ensure!(
+                !services.is_empty(),
+                "a register key needs at least one --service (a name, or a prefix ending in *)"
+            ),
+            scope => anyhow::ensure!(
+                services.is_empty(),
+                "--service belongs to register keys only (this one is {})",
+                scope.as_str()
+            ),
+        }
+        let token = crate::access::new_token()?;
+        let entry = crate::access::file_entry(id, &token, args.scope, &services);
+        anyhow::Ok(format!("{token}\n{entry}"))
+    })();
+    match made {
+        Ok(text) => {
+            print!("{text}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("koder-dns keys new: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
 /// `koder-dns conformance`: exit 0 all pass, 1 any failed, 2 could not run.
 pub fn conformance(args: ConformanceArgs) -> std::process::ExitCode {
     let key = std::env::var("KODER_DNS_API_KEY")
@@ -417,7 +502,20 @@ pub fn conformance(args: ConformanceArgs) -> std::process::ExitCode {
         eprintln!("koder-dns conformance: no API key: set KODER_DNS_API_KEY");
         return std::process::ExitCode::from(2);
     };
-    match block_on(crate::client::conformance::run(&args.url, &key, args.dns, &args.domain)) {
+    let http = match crate::tls::trusting(crate::tls::client_builder(), args.trust.ca.as_deref()) {
+        Ok(http) => http,
+        Err(e) => {
+            eprintln!("koder-dns conformance: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    match block_on(crate::client::conformance::run(
+        http,
+        &args.url,
+        &key,
+        args.dns,
+        &args.domain,
+    )) {
         Ok(checks) => {
             for check in &checks {
                 let verdict = if check.pass { "PASS" } else { "FAIL" };

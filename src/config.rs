@@ -121,7 +121,7 @@ macro_rules! settings {
 
         /// The settings of `koder-dns serve` as flags and `KODER_DNS_*` variables; each is
         /// `None` unless given, so the file and the defaults can fill in.
-        #[derive(Debug, Default, clap::Args)]
+        #[derive(Debug, Default, Clone, clap::Args)]
         #[command(after_help = "Durations are written like 90s, 500ms, 2m or 0.\n\
 API keys come from KODER_DNS_API_KEY (comma-separated) or `api_keys = [...]` in the config file; \
 with none, a key is generated into <data-dir>/api-key (mode 0600) and its path is logged.")]
@@ -135,6 +135,23 @@ with none, a key is generated into <data-dir>/api-key (mode 0600) and its path i
                       help = concat!($help, " [default: ", $default, "]"))]
                 pub $name: Option<$ty>,
             )+
+        }
+
+        impl Config {
+            /// The settings whose values differ between `self` and `other`, by their names in
+            /// the config file (a reload warns about those it cannot take).
+            pub fn differences(&self, other: &Config) -> Vec<&'static str> {
+                let mut changed = Vec::new();
+                $(
+                    if format!("{:?}", self.$name) != format!("{:?}", other.$name) {
+                        changed.push(stringify!($name));
+                    }
+                )+
+                if self.api_keys != other.api_keys {
+                    changed.push("api_keys");
+                }
+                changed
+            }
         }
 
         /// The keys the `--config` file may hold.
@@ -256,6 +273,17 @@ settings! {
         crate::cluster::endpoints, "etcd v3 client URLs, comma-separated (with --store etcd).";
     etcd_prefix: String = "/koder-dns/", "KODER_DNS_ETCD_PREFIX", "PREFIX", crate::cluster::prefix,
         "Key prefix of this registry in etcd; nodes with the same prefix share one registry.";
+    keys_file: MaybePath = "none", "KODER_DNS_KEYS_FILE", "FILE", optional_path,
+        "Scoped API keys: a TOML file of [[key]] tables (id, sha256, scope = admin|read|register, services \
+         for register keys); digests only, made with `koder-dns keys new`. Re-read on SIGHUP.";
+    tls_cert: MaybePath = "none", "KODER_DNS_TLS_CERT", "FILE", optional_path,
+        "PEM certificate chain (leaf first): with --tls-key, --http-listen serves HTTPS only (TLS 1.2 \
+         and 1.3) and --dot-listen can serve DNS over TLS. Re-read on SIGHUP.";
+    tls_key: MaybePath = "none", "KODER_DNS_TLS_KEY", "FILE", optional_path,
+        "PEM private key of --tls-cert (PKCS#8, SEC1 or PKCS#1). Re-read on SIGHUP.";
+    dot_listen: MaybeAddr = "none", "KODER_DNS_DOT_LISTEN", "ADDR", optional_addr,
+        "DNS over TLS (RFC 7858) address, e.g. 0.0.0.0:853; needs --tls-cert and --tls-key. Same \
+         answers, connection bound and idle timeout as DNS over TCP.";
     node_id: String = "auto", "KODER_DNS_NODE_ID", "ID", parsed,
         "This node's name among the etcd nodes (its membership key and the expiry leader's lock say it; \
          each node's must differ); auto = host:http-port.";
@@ -377,6 +405,22 @@ impl Config {
         }
         if self.http_request_timeout.is_zero() {
             bail!("--http-request-timeout must be positive");
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), None) => bail!(
+                "--tls-cert {} is given without --tls-key: give both, or neither",
+                cert.display()
+            ),
+            (None, Some(key)) => bail!(
+                "--tls-key {} is given without --tls-cert: give both, or neither",
+                key.display()
+            ),
+            _ => {}
+        }
+        if let Some(addr) = self.dot_listen
+            && self.tls_cert.is_none()
+        {
+            bail!("--dot-listen {addr} needs a certificate: give --tls-cert and --tls-key");
         }
         Ok(())
     }

@@ -8,6 +8,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod access;
 pub mod api;
 pub mod cli;
 pub mod client;
@@ -20,6 +21,8 @@ pub mod listener;
 pub mod metrics;
 pub mod model;
 pub mod registry;
+pub mod reload;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod zone;

@@ -11,5 +11,6 @@ fn main() -> ExitCode {
         Command::Agent(args) => koder_dns::cli::agent(args),
         Command::Conformance(args) => koder_dns::cli::conformance(args),
         Command::Migrate(args) => koder_dns::cli::migrate(args),
+        Command::Keys(command) => koder_dns::cli::keys(command),
     }
 }

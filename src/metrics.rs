@@ -193,15 +193,17 @@ const RCODES: [&str; 11] = [
 pub enum Transport {
     Udp = 0,
     Tcp = 1,
+    /// DNS over TLS (`--dot-listen`).
+    Tls = 2,
 }
 
-const TRANSPORTS: [&str; 2] = ["udp", "tcp"];
+const TRANSPORTS: [&str; 3] = ["udp", "tcp", "tls"];
 
 /// One thread's DNS counters, written by that thread only.
 #[derive(Debug)]
 struct DnsBlock {
-    replies: [[[AtomicU64; RCODES.len()]; QTYPES.len()]; 2],
-    truncated: [AtomicU64; 2],
+    replies: [[[AtomicU64; RCODES.len()]; QTYPES.len()]; TRANSPORTS.len()],
+    truncated: [AtomicU64; TRANSPORTS.len()],
 }
 
 impl DnsBlock {
@@ -275,15 +277,15 @@ fn question_type(message: &[u8]) -> Option<u16> {
 /// The media type of [`Exposition::render`].
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// What one server exposes: the process-wide counters, and what `state` reads at scrape
-/// time (the server plugs in its registry's: this module knows no registry, so that the
-/// registry can count into it).
+/// What one server exposes: the process-wide counters, and what each of `state` reads at
+/// scrape time (the server plugs in its registry's and its reloads': this module knows no
+/// registry, so that the registry can count into it).
 pub struct Exposition {
     prometheus: Prometheus,
 }
 
 impl Exposition {
-    pub fn new(state: Box<dyn Collector>) -> Self {
+    pub fn new(state: Vec<Box<dyn Collector>>) -> Self {
         let m = get();
         let mut p = Prometheus::with_prefix("koder_dns");
         p.register(
@@ -347,7 +349,9 @@ impl Exposition {
             m.watches_held.clone(),
         );
         p.register_collector(Box::new(DnsCollector));
-        p.register_collector(state);
+        for collector in state {
+            p.register_collector(collector);
+        }
         Self { prometheus: p }
     }
 
@@ -366,8 +370,8 @@ struct DnsCollector;
 impl Collector for DnsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let blocks = DNS_BLOCKS.lock().clone();
-        let mut replies = [[[0u64; RCODES.len()]; QTYPES.len()]; 2];
-        let mut truncated = [0u64; 2];
+        let mut replies = [[[0u64; RCODES.len()]; QTYPES.len()]; TRANSPORTS.len()];
+        let mut truncated = [0u64; TRANSPORTS.len()];
         for block in &blocks {
             for (t, per_type) in block.replies.iter().enumerate() {
                 for (q, per_rcode) in per_type.iter().enumerate() {

@@ -14,13 +14,16 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::api::{self, AppState, auth};
+use crate::access::Access;
+use crate::api::{self, AppState};
 use crate::config::{Config, LogFormat, ServeArgs};
 use crate::dns::{self, Authority, answer::ZoneAnswerer};
 use crate::health;
 use crate::model::clock::{Clock, SystemClock};
 use crate::registry::{self, Registry, Settings};
+use crate::reload::{self, Reloader};
 use crate::store::{self, Store};
+use crate::tls::ServerCert;
 use crate::zone::records::{SoaTimers, ZoneNames};
 
 /// Opens the store `--store` names: redb under `--data-dir` (see [`store::redb`]), or etcd.
@@ -61,15 +64,32 @@ async fn open_etcd(_: &Config, _: &Arc<Registry>) -> anyhow::Result<Store> {
 pub struct Running {
     pub dns_addr: SocketAddr,
     pub http_addr: SocketAddr,
-    /// A key the API accepts.
-    pub api_key: String,
+    /// `--dot-listen`'s address, when DNS over TLS is served.
+    pub dot_addr: Option<SocketAddr>,
     pub registry: Arc<Registry>,
     store: Arc<Store>,
+    reloader: Arc<Reloader>,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
 
+/// A setting that keeps the server from starting (exit 2, as a bad flag): a keys file or a
+/// TLS file that cannot be read, or does not parse, or does not match.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:#}")]
+pub struct BadSetting(anyhow::Error);
+
+fn bad_setting(e: impl Into<anyhow::Error>) -> anyhow::Error {
+    BadSetting(e.into()).into()
+}
+
 impl Running {
+    /// What SIGHUP does: re-reads the keys, the certificate, the zones and the TSIG keys (see
+    /// [`crate::reload`]). An error, logged too, when nothing was changed.
+    pub async fn reload(&self) -> anyhow::Result<()> {
+        self.reloader.reload().await
+    }
+
     /// Stops accepting and answers held blocking queries at once; [`Self::shutdown`] then
     /// waits for the rest and flushes.
     pub fn begin_shutdown(&self) {
@@ -101,17 +121,23 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 }
 
 pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::Result<Running> {
-    let keys = if config.api_keys.is_empty() {
-        let (key, path, created) = auth::load_or_generate(&config.data_dir)?;
-        if created {
-            warn!(path = %path.display(), "no API key configured; generated one (set KODER_DNS_API_KEY to choose your own)");
-        } else {
-            info!(path = %path.display(), "no API key configured; using the generated key");
-        }
-        vec![key]
-    } else {
-        config.api_keys.clone()
-    };
+    start_from(config, None, clock).await
+}
+
+/// [`start`], remembering the flags and environment it was given (`args`) so that a reload
+/// reads the config file again under them.
+pub async fn start_from(config: Config, args: Option<ServeArgs>, clock: Arc<dyn Clock>) -> anyhow::Result<Running> {
+    crate::tls::install_provider();
+    let (keys, generated) = reload::keys(&config).map_err(bad_setting)?;
+    if let Some(path) = generated {
+        warn!(path = %path.display(), "no API key configured; generated an admin key (set KODER_DNS_API_KEY or --keys-file to choose your own)");
+    }
+    info!(keys = keys.len(), keys_file = ?config.keys_file, "API keys loaded");
+    let access = Arc::new(Access::new(keys));
+    let cert = reload::credentials(&config).map_err(bad_setting)?.map(|credentials| {
+        info!(serial = %credentials.serial, not_after = credentials.not_after, "TLS certificate in force");
+        ServerCert::new(credentials)
+    });
     let mut zone = ZoneNames::new(&config.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
     zone.timers = SoaTimers {
         refresh: config.soa_refresh.as_secs() as u32,
@@ -136,7 +162,7 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         .with_context(|| format!("cannot listen for DNS on {} (--dns-listen)", config.dns_listen))?;
     let dns_addr = tcp.local_addr()?;
     let answerer = ZoneAnswerer {
-        host_addresses: Arc::new(static_zones.host_addresses()),
+        host_addresses: Default::default(),
         registry: registry.clone(),
         dns_ttl: config.dns_ttl.as_secs() as u32,
         negative_ttl: config.negative_ttl.as_secs() as u32,
@@ -145,7 +171,6 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
     let wire = dns::WireSettings {
         udp_max_payload: config.dns_udp_max_payload,
         identity: config.dns_identity.clone(),
-        keys: config.tsig_key.clone(),
         transfer: dns::transfer::TransferSettings {
             allow: config.allow_transfer.clone(),
             journal: dns::journal::Limits {
@@ -155,6 +180,14 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         },
     };
     let authority = Authority::new(answerer, static_zones, wire);
+    authority.replace_tsig_keys(config.tsig_key.clone());
+    let reloader = Arc::new(Reloader::new(
+        args,
+        config.clone(),
+        access.clone(),
+        cert.clone(),
+        authority.clone(),
+    ));
     tasks.push(dns::udp::spawn(udp, authority.clone(), shutdown.clone())?);
     tasks.push(tokio::spawn(dns::notify::run(
         registry.clone(),
@@ -162,19 +195,41 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         config.notify.clone(),
         shutdown.clone(),
     )));
-    let limits = dns::tcp::Limits {
+    let dns_limits = || dns::tcp::Limits {
         max_connections: config.dns_tcp_max_connections,
         idle_timeout: config.dns_tcp_idle_timeout,
     };
-    tasks.push(tokio::spawn(dns::tcp::serve(tcp, authority, limits, shutdown.clone())));
+    let mut dot_addr = None;
+    if let (Some(addr), Some(cert)) = (config.dot_listen, &cert) {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for DNS over TLS on {addr} (--dot-listen)"))?;
+        dot_addr = Some(listener.local_addr()?);
+        let tls = cert.server_config(&[dns::tcp::DOT_ALPN]);
+        tasks.push(tokio::spawn(dns::tcp::serve(
+            listener,
+            authority.clone(),
+            dns_limits(),
+            Some(tls),
+            shutdown.clone(),
+        )));
+    }
+    tasks.push(tokio::spawn(dns::tcp::serve(
+        tcp,
+        authority,
+        dns_limits(),
+        None,
+        shutdown.clone(),
+    )));
 
     let http = tokio::net::TcpListener::bind(config.http_listen)
         .await
         .with_context(|| format!("cannot listen for HTTP on {} (--http-listen)", config.http_listen))?;
     let http_addr = http.local_addr()?;
-    let metrics = Arc::new(crate::metrics::Exposition::new(Box::new(RegistryCollector(
-        registry.clone(),
-    ))));
+    let metrics = Arc::new(crate::metrics::Exposition::new(vec![
+        Box::new(RegistryCollector(registry.clone())),
+        Box::new(reload::Metrics(reloader.clone())),
+    ]));
     if let Some(addr) = config.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -188,10 +243,12 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
             max_connections_per_client: 16,
             header_timeout: config.http_request_timeout,
         };
+        // Plain HTTP, for a Prometheus on a management network without a private CA.
         tasks.push(tokio::spawn(api::serve::serve(
             listener,
             router,
             limits,
+            None,
             shutdown.clone(),
         )));
     }
@@ -201,7 +258,7 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         watches: api::watch::Watches::new(config.watch_max, shutdown.clone()),
         drift_reference: config.drift_reference.clone(),
         metrics,
-        keys: Arc::new(auth::ApiKeys::new(&keys)),
+        access,
         ttl_bounds: api::TtlBounds {
             min: config.min_ttl,
             max: config.max_ttl,
@@ -213,7 +270,14 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         max_connections_per_client: config.http_max_connections_per_client,
         header_timeout: config.http_request_timeout,
     };
-    tasks.push(tokio::spawn(api::serve::serve(http, router, limits, shutdown.clone())));
+    let https = cert.as_ref().map(|cert| cert.server_config(&[api::serve::HTTPS_ALPN]));
+    tasks.push(tokio::spawn(api::serve::serve(
+        http,
+        router,
+        limits,
+        https,
+        shutdown.clone(),
+    )));
 
     tasks.push(tokio::spawn(registry::reaper::run(
         registry.clone(),
@@ -233,14 +297,16 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> anyhow::
         shutdown.clone(),
     )));
 
-    info!(dns = %dns_addr, http = %http_addr, zone = %registry.zone().origin,
+    let dot = dot_addr.map(|a| a.to_string()).unwrap_or_else(|| "off".into());
+    info!(dns = %dns_addr, http = %http_addr, https = cert.is_some(), dot = %dot, zone = %registry.zone().origin,
           default_ttl_s = config.default_ttl.as_secs_f64(), "koder-dns listening");
     Ok(Running {
         dns_addr,
         http_addr,
-        api_key: keys[0].clone(),
+        dot_addr,
         registry,
         store,
+        reloader,
         shutdown,
         tasks,
     })
@@ -265,6 +331,17 @@ pub fn init_logging(format: LogFormat) {
 
 /// `koder-dns serve`.
 pub fn main(args: ServeArgs) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    // SIGHUP's default action ends the process: listen for it before reading anything, so that
+    // a `systemctl reload` during the start is a reload too.
+    let mut signals = {
+        let _runtime = runtime.enter();
+        Signals::listen()
+    };
+    let reread = args.clone();
     let config = match args.into_config() {
         Ok(config) => config,
         Err(e) => {
@@ -273,19 +350,18 @@ pub fn main(args: ServeArgs) -> ExitCode {
         }
     };
     init_logging(config.log_format);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
     runtime.block_on(async {
-        let running = match start(config).await {
+        let running = match start_from(config, Some(reread), Arc::new(SystemClock)).await {
             Ok(running) => running,
             Err(e) => {
                 eprintln!("koder-dns: {e:#}");
-                return ExitCode::from(1);
+                return ExitCode::from(if e.is::<BadSetting>() { 2 } else { 1 });
             }
         };
-        wait_for_signal().await;
+        while let Received::Reload = signals.next().await {
+            // Logged by the reload itself; a failed one changes nothing.
+            let _ = running.reload().await;
+        }
         info!("shutting down");
         match tokio::time::timeout(Duration::from_secs(10), running.shutdown()).await {
             Ok(Ok(())) => {
@@ -302,6 +378,54 @@ pub fn main(args: ServeArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// What the server is told by signal.
+enum Received {
+    /// SIGHUP: re-read the keys, the certificate, the zones, the TSIG keys.
+    Reload,
+    /// SIGTERM or Ctrl-C.
+    Stop,
+}
+
+/// The signals `serve` acts on, listened for from the moment this is made.
+struct Signals {
+    #[cfg(unix)]
+    hangup: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Inside a runtime. From here on SIGHUP no longer ends the process.
+    fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Self {
+                hangup: signal(SignalKind::hangup()).expect("SIGHUP handler"),
+                terminate: signal(SignalKind::terminate()).expect("SIGTERM handler"),
+            }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    async fn next(&mut self) -> Received {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.hangup.recv() => Received::Reload,
+                _ = self.terminate.recv() => Received::Stop,
+                _ = tokio::signal::ctrl_c() => Received::Stop,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            Received::Stop
+        }
+    }
 }
 
 /// SIGTERM or Ctrl-C.

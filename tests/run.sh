@@ -20,6 +20,9 @@ need haproxy haproxy
 need knotd knot
 need kdig knot-dnsutils
 need etcd etcd-server
+# The TLS tests: curl and openssl s_client as clients (TLS 1.1 refused), openssl for an RSA key.
+need curl curl
+need openssl openssl
 # The etcd client (cargo feature `etcd`) is generated at build time by protoc, which also
 # needs the protobuf well-known types (google/protobuf/*.proto, in libprotobuf-dev).
 need protoc protobuf-compiler
@@ -34,7 +37,7 @@ fi
 # Debian's unbound and nsd packages may start servers on port 53; the tests run their own.
 
 # Python tools, pinned, in a venv of the suite's own.
-python_tools=(kubernetes-validate==1.37.0 schemathesis==4.32.5)
+python_tools=(kubernetes-validate==1.37.0 schemathesis==4.32.5 openapi-spec-validator==0.9.0)
 venv=target/test-venv
 if [ "$(cat "$venv/installed" 2>/dev/null)" != "${python_tools[*]}" ]; then
     echo "tests/run.sh: installing ${python_tools[*]} into $venv" >&2

@@ -2,11 +2,12 @@
 """Count-bounded bulk REST client (stdlib only) for populating koder-dns.
 
   httpload.py post --port P --path /api/v1/services/register --file bodies.jsonl
-                   [--procs 4] [--conns 1] [--key KEY] [--limit N]
+                   [--procs 4] [--conns 1] [--key KEY] [--limit N] [--tls]
 
 Sends every line of FILE (a JSON body) exactly once as a POST, split over
 --procs processes, each with --conns threads, each thread with one keep-alive
-HTTP/1.1 connection to 127.0.0.1:P (registrations wait for a durable commit,
+HTTP/1.1 connection to 127.0.0.1:P (HTTPS with --tls, the certificate not checked: a
+benchmark's own, on loopback) (registrations wait for a durable commit,
 so more connections than cores helps). Prints one JSON line: {"sent", "ok", "status": {code: n},
 "elapsed_s", "rate"}. Exits non-zero if any request failed at the socket level
 or (with --strict) did not return 2xx.
@@ -15,6 +16,7 @@ import argparse
 import json
 import multiprocessing as mp
 import socket
+import ssl
 import sys
 import time
 
@@ -22,8 +24,9 @@ HOST = "127.0.0.1"  # loopback only
 
 
 class Conn:
-    def __init__(self, port, timeout=30.0):
+    def __init__(self, port, tls=False, timeout=30.0):
         self.port = port
+        self.tls = tls
         self.timeout = timeout
         self.sock = None
         self.buf = b""
@@ -31,6 +34,11 @@ class Conn:
     def connect(self):
         self.sock = socket.create_connection((HOST, self.port), timeout=self.timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.tls:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            self.sock = ctx.wrap_socket(self.sock)
         self.buf = b""
 
     def _read_more(self):
@@ -97,19 +105,19 @@ def merge(results):
 
 
 def worker(args):
-    port, path, key, bodies, deadline, conns = args
+    port, path, key, bodies, deadline, conns, tls = args
     if conns > 1:
         import threading
         results = [None] * conns
         def run(i):
-            results[i] = worker((port, path, key, bodies[i::conns], deadline, 1))
+            results[i] = worker((port, path, key, bodies[i::conns], deadline, 1, tls))
         ts = [threading.Thread(target=run, args=(i,)) for i in range(conns)]
         for t in ts:
             t.start()
         for t in ts:
             t.join()
         return merge(results)
-    c = Conn(port)
+    c = Conn(port, tls)
     status = {}
     errors = 0
     sample = None
@@ -148,6 +156,7 @@ def main():
     p.add_argument("--limit", type=int, default=0)
     p.add_argument("--max-seconds", type=float, default=600)
     p.add_argument("--strict", action="store_true")
+    p.add_argument("--tls", action="store_true", help="HTTPS (the certificate is not checked)")
     a = ap.parse_args()
 
     with open(a.file, "rb") as f:
@@ -156,7 +165,7 @@ def main():
         bodies = bodies[: a.limit]
     procs = max(1, min(a.procs, len(bodies)))
     deadline = time.time() + a.max_seconds
-    slices = [(a.port, a.path, a.key, bodies[i::procs], deadline, a.conns) for i in range(procs)]
+    slices = [(a.port, a.path, a.key, bodies[i::procs], deadline, a.conns, a.tls) for i in range(procs)]
     t0 = time.perf_counter()
     with mp.Pool(procs) as pool:
         results = pool.map(worker, slices)

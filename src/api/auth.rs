@@ -1,87 +1,142 @@
-//! `X-API-Key` on every `/api/v1` route. The server never runs open: with no key
-//! configured it generates one into the data directory.
+//! `X-API-Key` on every `/api/v1` route, and what the key's scope allows (see
+//! [`crate::access`]). The server never runs open: with no key configured it generates an
+//! admin key into the data directory.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
 use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
-use subtle::ConstantTimeEq;
+use axum::http::{HeaderMap, Method, StatusCode};
 
 use super::error::ApiError;
+use crate::access::{Access, Key, Scope};
 
 pub const HEADER: &str = "x-api-key";
-
-pub struct ApiKeys(Vec<Vec<u8>>);
-
-impl ApiKeys {
-    pub fn new(keys: &[String]) -> Self {
-        Self(keys.iter().map(|k| k.as_bytes().to_vec()).collect())
-    }
-
-    /// Compares against every key in constant time, so timing reveals neither which key
-    /// nor how much of one matched.
-    pub fn accepts(&self, presented: &[u8]) -> bool {
-        self.0
-            .iter()
-            .fold(false, |ok, key| ok | bool::from(key.as_slice().ct_eq(presented)))
-    }
-
-    /// Whether `headers` carry a key we accept; the 401 to answer if not. The key goes in
-    /// `X-API-Key`, or as `Authorization: Bearer <key>` for clients that can send no header
-    /// of their own (Prometheus's `http_sd_configs` `authorization`, for one).
-    pub fn check(&self, headers: &HeaderMap) -> Result<(), ApiError> {
-        let bearer = || {
-            headers
-                .get(axum::http::header::AUTHORIZATION)
-                .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        };
-        match headers.get(HEADER).map(|k| k.as_bytes()).or_else(bearer) {
-            Some(key) if self.accepts(key) => Ok(()),
-            Some(_) => Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "the X-API-Key header (or Authorization: Bearer) holds no valid key",
-            )),
-            None => Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "send an API key in the X-API-Key header (see KODER_DNS_API_KEY or <data-dir>/api-key)",
-            )),
-        }
-    }
-
-    /// [`Self::check`] for paths under `/api/v1`, known or not, so that without a key
-    /// nothing about the API is revealed; other paths need no key.
-    pub fn check_path(&self, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
-        match path.strip_prefix(PREFIX) {
-            Some(rest) if rest.is_empty() || rest.starts_with('/') => self.check(headers),
-            _ => Ok(()),
-        }
-    }
-}
 
 /// Where the authenticated API lives.
 pub const PREFIX: &str = "/api/v1";
 
-/// Proof that the request carried a valid `X-API-Key`: the first argument of every API
-/// handler, so a request without one is refused before its body is read. (An extractor
-/// rather than a middleware layer: it costs a header lookup, not a boxed service per request.)
-pub struct Authorized;
+/// The one `POST` a `read` key may send: it compares, it changes nothing.
+const DRIFT: &str = "/api/v1/services/drift";
+
+/// The client's address, put on each request by the accept loop ([`super::serve`]), for the
+/// log line of every accepted change.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// The key a request carries: in `X-API-Key`, or as `Authorization: Bearer <key>` for
+/// clients that can send no header of their own (Prometheus's `http_sd_configs`
+/// `authorization`, for one).
+fn presented(headers: &HeaderMap) -> Option<&[u8]> {
+    headers.get(HEADER).map(|k| k.as_bytes()).or_else(|| {
+        headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+    })
+}
+
+/// The key `headers` carry, or the 401 to answer. The message never repeats what was sent.
+pub fn identify(access: &Access, headers: &HeaderMap) -> Result<Arc<Key>, ApiError> {
+    match presented(headers) {
+        Some(token) => access.identify(token).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the X-API-Key header (or Authorization: Bearer) holds no valid key",
+            )
+        }),
+        None => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send an API key in the X-API-Key header (see KODER_DNS_API_KEY or <data-dir>/api-key)",
+        )),
+    }
+}
+
+/// [`identify`] for paths under `/api/v1`, known or not, so that without a key nothing
+/// about the API is revealed; other paths need no key.
+pub fn check_path(access: &Access, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
+    match path.strip_prefix(PREFIX) {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => identify(access, headers).map(drop),
+        _ => Ok(()),
+    }
+}
+
+/// `403 forbidden`, naming the key and what it may not do.
+pub fn forbidden(key: &Key, what: impl std::fmt::Display) -> ApiError {
+    let allowed = match key.scope {
+        Scope::Admin => "every route".to_owned(),
+        Scope::Read => "GET requests under /api/v1 and POST /services/drift".to_owned(),
+        Scope::Register => format!("reads, and changes to instances of {}", key.services_text()),
+    };
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        format!(
+            "key {:?} (scope {}) may not {what}; it may do {allowed}",
+            key.id,
+            key.scope.as_str()
+        ),
+    )
+}
+
+/// Proof that the request carried a valid key whose scope allows this kind of request: the
+/// first argument of every API handler, so a request without one is refused before its body
+/// is read. Reads (every `GET`, and the drift comparison) are open to every scope; anything
+/// else needs a key that may change instances, and the handler then checks the service
+/// ([`Self::may_change`]). (An extractor rather than a middleware layer: it costs a header
+/// lookup and a hash, not a boxed service per request.)
+pub struct Authorized {
+    pub key: Arc<Key>,
+    pub client: Option<SocketAddr>,
+}
+
+/// Logs an accepted change with the key's id and the client's address (never the token),
+/// under the target `koder_dns::audit`, so that a log pipeline can pick the lines out.
+macro_rules! audit {
+    ($level:ident, $caller:expr, $what:literal, $($field:tt)*) => {
+        tracing::$level!(
+            target: "koder_dns::audit",
+            key = %$caller.key.id,
+            client = %$caller.client.map_or_else(|| "-".to_owned(), |c| c.to_string()),
+            $($field)*,
+            $what
+        )
+    };
+}
+pub(crate) use audit;
+
+impl Authorized {
+    /// 403 unless the key may change instances of `service`; `what` says what it tried.
+    pub fn may_change(&self, service: &str, what: impl std::fmt::Display) -> Result<(), ApiError> {
+        if self.key.may_write(service) {
+            Ok(())
+        } else {
+            Err(forbidden(&self.key, what))
+        }
+    }
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for Authorized
 where
-    Arc<ApiKeys>: FromRef<S>,
+    Arc<Access>: FromRef<S>,
 {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        Arc::<ApiKeys>::from_ref(state)
-            .check(&parts.headers)
-            .map(|()| Authorized)
+        let key = identify(&Arc::<Access>::from_ref(state), &parts.headers)?;
+        let reads = matches!(parts.method, Method::GET | Method::HEAD) || parts.uri.path() == DRIFT;
+        if !reads && !key.writes() {
+            return Err(forbidden(&key, format_args!("{} {}", parts.method, parts.uri.path())));
+        }
+        Ok(Authorized {
+            key,
+            client: parts.extensions.get::<ClientAddr>().map(|c| c.0),
+        })
     }
 }
 

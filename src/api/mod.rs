@@ -19,8 +19,8 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 
+use crate::access::Access;
 use crate::store::Store;
-use auth::ApiKeys;
 use error::ApiError;
 
 /// What every handler shares: a cheap-clone handle, because axum clones the state for each
@@ -55,7 +55,8 @@ pub struct Shared {
     pub ui: axum::body::Bytes,
     /// `GET /metrics`.
     pub metrics: Arc<crate::metrics::Exposition>,
-    pub keys: Arc<ApiKeys>,
+    /// The keys in force (a reload swaps their table).
+    pub access: Arc<Access>,
     /// `--min-ttl` and `--max-ttl`: the leases a registration may ask for.
     pub ttl_bounds: TtlBounds,
 }
@@ -85,28 +86,30 @@ impl TtlBounds {
     }
 }
 
-impl FromRef<AppState> for Arc<ApiKeys> {
+impl FromRef<AppState> for Arc<Access> {
     fn from_ref(app: &AppState) -> Self {
-        app.keys.clone()
+        app.access.clone()
     }
 }
 
 /// Unknown routes: 404, or 401 under `/api/v1` without a key.
-async fn not_found(State(keys): State<Arc<ApiKeys>>, uri: Uri, headers: HeaderMap) -> ApiError {
-    keys.check_path(uri.path(), &headers)
+async fn not_found(State(access): State<Arc<Access>>, uri: Uri, headers: HeaderMap) -> ApiError {
+    auth::check_path(&access, uri.path(), &headers)
         .err()
         .unwrap_or_else(|| ApiError::not_found("no such route; the API lives under /api/v1 (see the README)"))
 }
 
 /// Known routes asked with another method: 405, or 401 under `/api/v1` without a key.
-async fn method_not_allowed(State(keys): State<Arc<ApiKeys>>, uri: Uri, headers: HeaderMap) -> ApiError {
-    keys.check_path(uri.path(), &headers).err().unwrap_or_else(|| {
-        ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            "this route does not take that method",
-        )
-    })
+async fn method_not_allowed(State(access): State<Arc<Access>>, uri: Uri, headers: HeaderMap) -> ApiError {
+    auth::check_path(&access, uri.path(), &headers)
+        .err()
+        .unwrap_or_else(|| {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
+        })
 }
 
 /// Liveness with detail: `200` whenever the server listens (a full disk must not get it

@@ -8,7 +8,7 @@ use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
-use super::auth::Authorized;
+use super::auth::{Authorized, audit};
 use super::body::JsonBody;
 use super::error::{ApiError, ErrorBody};
 use super::watch::{WatchParams, index_header};
@@ -42,6 +42,7 @@ impl IdBody {
     responses(
         (status = 200, description = "registered (or refreshed), durable", body = RegisterResponse),
         (status = 401, description = "no valid key", body = ErrorBody),
+        (status = 403, description = "the key may not register this service (a read key, or a register key whose services do not match the name, or the id's stored service)", body = ErrorBody),
         (status = 408, description = "the request took longer than the request timeout", body = ErrorBody),
         (status = 400, description = "a field is missing or invalid; the message names it", body = ErrorBody),
         (status = 413, description = "the body is over 64 KiB", body = ErrorBody),
@@ -49,11 +50,11 @@ impl IdBody {
         (status = 507, description = "the registry holds --max-instances", body = ErrorBody)
     ))]
 pub async fn register(
-    _: Authorized,
+    caller: Authorized,
     State(app): State<AppState>,
     JsonBody(body): JsonBody<Instance>,
 ) -> Result<Json<RegisterResponse>, ApiError> {
-    let result = upsert(app, body).await;
+    let result = upsert(&caller, app, body).await;
     match &result {
         Ok(r) => metrics::registration(if r.created { "created" } else { "refreshed" }, ""),
         Err(e) => metrics::registration("refused", e.code),
@@ -61,11 +62,24 @@ pub async fn register(
     result
 }
 
-async fn upsert(app: AppState, body: Instance) -> Result<Json<RegisterResponse>, ApiError> {
+async fn upsert(caller: &Authorized, app: AppState, body: Instance) -> Result<Json<RegisterResponse>, ApiError> {
     let new = body.validate()?;
     app.ttl_bounds.check(new.ttl_ns)?;
+    caller.may_change(&new.name, format_args!("register instances of service {:?}", new.name))?;
+    // An id of another service would be taken over: the stored one's service counts too.
+    if !caller.key.may_write_all()
+        && let Some(stored) = app.store.registry.service_of(&new.id)
+        && stored != new.name
+    {
+        caller.may_change(
+            &stored,
+            format_args!("replace instance {:?}, which belongs to service {stored:?}", new.id),
+        )?;
+    }
+    let service = new.name.clone();
     // Completed even if the client goes away and this is dropped (see `Store::register`).
     let registered = app.store.register(new).await?;
+    audit!(info, caller, "registered", id = %registered.instance.id, %service, created = registered.created);
     Ok(Json(RegisterResponse {
         id: registered.instance.id,
         created: registered.created,
@@ -78,6 +92,7 @@ async fn upsert(app: AppState, body: Instance) -> Result<Json<RegisterResponse>,
     responses(
         (status = 200, description = "the lease is renewed; the instance as stored", body = Instance),
         (status = 401, description = "no valid key", body = ErrorBody),
+        (status = 403, description = "the key may not renew instances of the service this id belongs to", body = ErrorBody),
         (status = 408, description = "the request took longer than the request timeout", body = ErrorBody),
         (status = 400, description = "no id", body = ErrorBody),
         (status = 410, description = "unknown, or its lease has run out: register again", body = ErrorBody),
@@ -85,11 +100,20 @@ async fn upsert(app: AppState, body: Instance) -> Result<Json<RegisterResponse>,
         (status = 503, description = "etcd is unreachable (--store etcd): the renewal could not be shared", body = ErrorBody)
     ))]
 pub async fn heartbeat(
-    _: Authorized,
+    caller: Authorized,
     State(app): State<AppState>,
     JsonBody(body): JsonBody<IdBody>,
 ) -> Result<Response, ApiError> {
     let id = body.id()?;
+    // An unknown id goes on to its 410.
+    if !caller.key.may_write_all()
+        && let Some(service) = app.store.registry.service_of(&id)
+    {
+        caller.may_change(
+            &service,
+            format_args!("renew instance {id:?}, which belongs to service {service:?}"),
+        )?;
+    }
     let json = app
         .store
         .heartbeat(&id, |instance| {
@@ -98,6 +122,11 @@ pub async fn heartbeat(
         .await
         .inspect_err(|_| metrics::heartbeat("unavailable"))?;
     metrics::heartbeat(if json.is_some() { "ok" } else { "gone" });
+    if json.is_some() {
+        // A line per renewal would outnumber every other line by far (10,000 instances on
+        // 30 s leases renew 1,000 times a second): at debug, `KODER_DNS_LOG=info,koder_dns::audit=debug`.
+        audit!(debug, caller, "renewed", id = %id);
+    }
     let json = json.ok_or_else(|| {
         ApiError::new(
             StatusCode::GONE,
@@ -113,6 +142,7 @@ pub async fn heartbeat(
     responses(
         (status = 200, description = "removed", body = Deregistered),
         (status = 401, description = "no valid key", body = ErrorBody),
+        (status = 403, description = "the key may not remove instances of the service this id belongs to", body = ErrorBody),
         (status = 408, description = "the request took longer than the request timeout", body = ErrorBody),
         (status = 400, description = "no id", body = ErrorBody),
         (status = 404, description = "not registered", body = ErrorBody),
@@ -120,11 +150,19 @@ pub async fn heartbeat(
         (status = 503, description = "the store cannot take the change", body = ErrorBody)
     ))]
 pub async fn deregister(
-    _: Authorized,
+    caller: Authorized,
     State(app): State<AppState>,
     JsonBody(body): JsonBody<IdBody>,
 ) -> Result<Json<Deregistered>, ApiError> {
     let id = body.id()?;
+    // An unknown id goes on to its 404.
+    let service = app.store.registry.service_of(&id);
+    if let Some(service) = &service {
+        caller.may_change(
+            service,
+            format_args!("remove instance {id:?}, which belongs to service {service:?}"),
+        )?;
+    }
     let (store, key) = (app.store.clone(), id.clone());
     let removed = tokio::spawn(async move { store.deregister(&key).await })
         .await
@@ -135,6 +173,7 @@ pub async fn deregister(
         Err(_) => "unavailable",
     });
     if removed? {
+        audit!(info, caller, "deregistered", id = %id, service = %service.unwrap_or_default());
         Ok(Json(Deregistered { id, deregistered: true }))
     } else {
         Err(ApiError::not_found(format!("instance {id:?} is not registered")))

@@ -66,9 +66,16 @@ impl Producer {
 }
 
 /// Runs every check. `dns` adds the SRV check of the service zone `domain`.
-pub async fn run(url: &str, key: &str, dns: Option<SocketAddr>, domain: &str) -> Result<Vec<Check>, CannotRun> {
+/// `http` is the client to build on (see [`crate::tls::trusting`] for a private CA).
+pub async fn run(
+    http: reqwest::ClientBuilder,
+    url: &str,
+    key: &str,
+    dns: Option<SocketAddr>,
+    domain: &str,
+) -> Result<Vec<Check>, CannotRun> {
     let producer = Producer {
-        http: reqwest::Client::builder()
+        http: http
             .timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| CannotRun(e.to_string()))?,

@@ -37,6 +37,10 @@ pub enum Error {
     /// `401`: the API key is missing or wrong; retrying will not help.
     #[error("unauthorized: the registry refused the API key")]
     Unauthorized,
+    /// `403`: the key is known, but its scope does not allow this (the message says what it
+    /// may do); retrying will not help.
+    #[error("forbidden: {0}")]
+    Forbidden(String),
     /// `400`: the request was invalid; `field` names what was wrong when the registry said.
     #[error("invalid {field}: {message}")]
     Invalid { field: String, message: String },
@@ -85,8 +89,19 @@ impl Client {
     /// `urls` are base URLs such as `http://127.0.0.1:8053` (without `/api/v1`); requests time
     /// out after `timeout` per URL.
     pub fn new(urls: Vec<String>, api_key: impl Into<String>, timeout: Duration) -> anyhow::Result<Self> {
+        Self::with_ca(urls, api_key, timeout, None)
+    }
+
+    /// [`Self::new`], trusting the CA certificates of the PEM file `ca` besides the system's
+    /// roots, for `https://` URLs of a registry whose certificate a private CA signed.
+    pub fn with_ca(
+        urls: Vec<String>,
+        api_key: impl Into<String>,
+        timeout: Duration,
+        ca: Option<&std::path::Path>,
+    ) -> anyhow::Result<Self> {
         anyhow::ensure!(!urls.is_empty(), "at least one registry URL is needed");
-        let http = reqwest::Client::builder()
+        let http = crate::tls::trusting(crate::tls::client_builder(), ca)?
             .timeout(timeout)
             .connect_timeout(timeout)
             .build()?;
@@ -251,6 +266,7 @@ async fn classify(response: reqwest::Response) -> Result<reqwest::Response, Erro
         410 => Error::Gone,
         404 => Error::NotFound(message),
         401 => Error::Unauthorized,
+        403 => Error::Forbidden(message),
         429 => Error::TooMany(message),
         400 => Error::Invalid {
             // The registry's messages start with the field: "port: must be 1-65535".

@@ -4,6 +4,8 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
 use hickory_proto::rr::rdata::HINFO;
 use hickory_proto::rr::{LowerName, Name, RData, Record, RecordType};
 
@@ -37,9 +39,9 @@ pub struct ZoneAnswerer {
     pub ns_address: IpAddr,
     /// The A and AAAA records of names in the static zones, by name: an SRV target that is
     /// a host name in a zone we serve gets its addresses in the additional section, as NSD
-    /// and Knot add them. (Static zones never change while running, so answers prepared
-    /// with them stay right.)
-    pub host_addresses: Arc<HashMap<LowerName, Vec<Record>>>,
+    /// and Knot add them. Set by [`super::Authority`] from its zones, and swapped with them
+    /// on a reload (which drops the answers prepared with the old ones).
+    pub host_addresses: ArcSwap<HashMap<LowerName, Vec<Record>>>,
 }
 
 /// TTL of records that do not churn: NS, the address of `ns.`, and `<hex>.addr` addresses
@@ -180,13 +182,21 @@ impl ZoneAnswerer {
         let ttl = Lease::ttl_at(earliest(&members), now, self.dns_ttl);
         service_records(
             self.registry.zone(),
-            &self.host_addresses,
+            &self.host_addresses.load(),
             &members,
             owner,
             qtype,
             protocol.is_some(),
             ttl,
         )
+    }
+
+    /// Drops the answers prepared so far, for what they were prepared with changed (the
+    /// static zones' addresses, on a reload).
+    pub(super) fn forget_prepared(&self) {
+        for (_, view) in self.registry.views() {
+            view.prepared.clear();
+        }
     }
 
     /// Calls `f` with the prepared answer for `qtype` at `qname` (inside the zone), when
@@ -243,7 +253,7 @@ impl ZoneAnswerer {
         let ttl = Lease::ttl_at(earliest, now, self.dns_ttl);
         let (answers, additionals) = match service_records(
             self.registry.zone(),
-            &self.host_addresses,
+            &self.host_addresses.load(),
             &members,
             &owner,
             qtype,
@@ -297,7 +307,7 @@ impl ZoneAnswerer {
         for qtype in [RecordType::A, RecordType::AAAA, RecordType::TXT] {
             take(service_records(
                 zone,
-                &self.host_addresses,
+                &self.host_addresses.load(),
                 &members,
                 &owner,
                 qtype,
@@ -319,7 +329,7 @@ impl ZoneAnswerer {
             for qtype in [RecordType::SRV, RecordType::TXT] {
                 take(service_records(
                     zone,
-                    &self.host_addresses,
+                    &self.host_addresses.load(),
                     &of,
                     &srv_owner,
                     qtype,

@@ -165,7 +165,7 @@ pub async fn handle_full(
         }
         Ok(request) => {
             let now = tsig::now();
-            let mut signing = match authority.0.wire.keys.verify(message, now) {
+            let mut signing = match authority.tsig().verify(message, now) {
                 Verdict::Rejected(reply) => {
                     *out = reply;
                     return true;

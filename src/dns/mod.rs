@@ -20,6 +20,8 @@ pub use message::{handle_bytes, handle_full, handle_prepared};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
 use hickory_proto::op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::TXT;
 use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption, NSIDPayload};
@@ -50,8 +52,6 @@ pub struct WireSettings {
     /// What `CH TXT id.server.`/`hostname.bind.` and NSID answer (`--dns-identity`), so
     /// that an operator of several nodes can tell which one answered.
     pub identity: String,
-    /// `--tsig-key`: requests signed with one are verified and answered signed.
-    pub keys: tsig::Keys,
     pub transfer: transfer::TransferSettings,
 }
 
@@ -60,7 +60,6 @@ impl Default for WireSettings {
         Self {
             udp_max_payload: DEFAULT_UDP_MAX_PAYLOAD,
             identity: host_name(),
-            keys: tsig::Keys::default(),
             transfer: transfer::TransferSettings::default(),
         }
     }
@@ -102,21 +101,53 @@ pub struct Authority(Arc<Zones>);
 
 struct Zones {
     zone: ZoneAnswerer,
-    static_zones: StaticZones,
+    /// The zone files; a reload swaps them ([`Authority::replace_static_zones`]). A query or a
+    /// transfer holds the set it started with.
+    static_zones: ArcSwap<StaticZones>,
+    /// `--tsig-key`: requests signed with one are verified and answered signed. A reload
+    /// swaps them ([`Authority::replace_tsig_keys`]).
+    tsig: ArcSwap<tsig::Keys>,
     soa_tail: SoaTail,
     wire: WireSettings,
     journal: journal::Journal,
 }
 
 impl Authority {
+    /// An authority that knows no TSIG key until [`Self::replace_tsig_keys`] gives it some.
     pub fn new(zone: ZoneAnswerer, static_zones: StaticZones, wire: WireSettings) -> Self {
+        zone.host_addresses.store(Arc::new(static_zones.host_addresses()));
         Self(Arc::new(Zones {
             zone,
-            static_zones,
+            static_zones: ArcSwap::from_pointee(static_zones),
+            tsig: ArcSwap::default(),
             soa_tail: SoaTail::default(),
             journal: journal::Journal::new(wire.transfer.journal),
             wire,
         }))
+    }
+
+    /// Serves `zones` from the next query on, and the service zone's SRV targets inside them
+    /// get their addresses from these. Answers prepared with the old addresses are dropped.
+    pub async fn replace_static_zones(&self, zones: StaticZones) {
+        let this = &self.0;
+        this.zone.host_addresses.store(Arc::new(zones.host_addresses()));
+        this.static_zones.store(Arc::new(zones));
+        this.zone.forget_prepared();
+        // A query that read the old addresses just before the swap may keep its answer just
+        // after the first sweep; preparing one takes microseconds, so a second sweep a moment
+        // later catches it.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        this.zone.forget_prepared();
+    }
+
+    /// Verifies and signs with `keys` from the next message on.
+    pub fn replace_tsig_keys(&self, keys: tsig::Keys) {
+        self.0.tsig.store(Arc::new(keys));
+    }
+
+    /// The TSIG keys in force.
+    fn tsig(&self) -> arc_swap::Guard<Arc<tsig::Keys>> {
+        self.0.tsig.load()
     }
 
     /// The service zone's SOA as of now, for NOTIFY.
@@ -314,12 +345,11 @@ impl RequestHandler for Authority {
             return send(response, message).await;
         }
         let in_service_zone = this.zone.registry.zone().origin_lower.zone_of(query.name());
-        if !in_service_zone && this.static_zones.catalog.find(query.name()).is_some() {
-            return this
-                .static_zones
-                .catalog
-                .handle_request::<R, T>(request, response)
-                .await;
+        if !in_service_zone {
+            let static_zones = this.static_zones.load_full();
+            if static_zones.catalog.find(query.name()).is_some() {
+                return static_zones.catalog.handle_request::<R, T>(request, response).await;
+            }
         }
         // IXFR over UDP: the current SOA alone, to those who may transfer (RFC 1995 §2).
         if qtype == RecordType::IXFR

@@ -99,7 +99,7 @@ pub fn requested(message: &[u8]) -> Option<RecordType> {
 pub fn answer(authority: &Authority, message: &[u8], src: SocketAddr, send: &mut dyn FnMut(Vec<u8>)) {
     let zones = &*authority.0;
     let now = tsig::now();
-    let signing = match zones.wire.keys.verify(message, now) {
+    let signing = match authority.tsig().verify(message, now) {
         Verdict::Rejected(reply) => return send(reply),
         Verdict::Signed(signing) => Some(signing),
         Verdict::Unsigned => None,
@@ -162,7 +162,7 @@ pub fn answer(authority: &Authority, message: &[u8], src: SocketAddr, send: &mut
         }
         return;
     }
-    match zones.static_zones.zone(&name) {
+    match zones.static_zones.load_full().zone(&name) {
         Some(file) => {
             let serial = match &file.soa.data {
                 RData::SOA(soa) => soa.serial,

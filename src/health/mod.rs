@@ -70,7 +70,7 @@ pub async fn run(
 ) {
     let registry = store.registry.clone();
     let mut owners = Owners::new(store.membership());
-    let http = reqwest::Client::builder()
+    let http = crate::tls::client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .pool_max_idle_per_host(0)
         .build()

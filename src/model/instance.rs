@@ -68,11 +68,13 @@ pub struct Instance {
     pub healthy: bool,
     #[serde(deserialize_with = "lenient::or_default")]
     pub ttl_ns: i64,
+    // The default written as what it is on the wire (a stamp of 0 is the epoch): utoipa
+    // would otherwise write the `Nanos` 0, which no `date-time` string is.
     #[serde(with = "timestamp")]
-    #[schema(value_type = String, format = DateTime)]
+    #[schema(value_type = String, format = DateTime, default = "1970-01-01T00:00:00Z")]
     pub registered_at: Nanos,
     #[serde(with = "timestamp")]
-    #[schema(value_type = String, format = DateTime)]
+    #[schema(value_type = String, format = DateTime, default = "1970-01-01T00:00:00Z")]
     pub updated_at: Nanos,
 }
 

@@ -29,6 +29,12 @@ impl Registry {
             .map(|e| e.served())
     }
 
+    /// The service of a stored instance, expired or not: what a `register` key is checked
+    /// against before it may renew, replace or remove the instance.
+    pub fn service_of(&self, id: &str) -> Option<compact_str::CompactString> {
+        self.instances.get(id).map(|e| e.instance.name.clone())
+    }
+
     /// A live instance as [`Self::get`] reads it, with its check settings (for the health
     /// checker).
     pub fn get_checked(&self, id: &str) -> Option<(Instance, Arc<CheckSpec>)> {

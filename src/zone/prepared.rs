@@ -276,6 +276,11 @@ impl PreparedAnswers {
         }
     }
 
+    /// Drops every prepared answer: the next query prepares its own again.
+    pub fn clear(&self) {
+        self.0.store(None);
+    }
+
     /// Keeps `prepared` for the next queries, in place of any older one.
     pub fn keep(&self, qtype: RecordType, protocol: Option<&[u8]>, prepared: Arc<Prepared>) {
         let key = Key {

@@ -17,6 +17,8 @@ pub struct Proc {
     pub child: Child,
     pub dns: SocketAddr,
     pub http: SocketAddr,
+    /// Whether `http` serves HTTPS (started with a certificate).
+    pub https: bool,
     log: Arc<Mutex<String>>,
     reader: Option<std::thread::JoinHandle<()>>,
 }
@@ -78,7 +80,12 @@ pub fn command(data: &Path, extra: &[&str]) -> Command {
 
 /// Starts the binary; returns once it listens and `/healthz` answers 200, or once it exits.
 pub async fn launch(data: &Path, extra: &[&str]) -> Started {
-    let mut child = command(data, extra).spawn().expect("spawn koder-dns");
+    launch_command(command(data, extra)).await
+}
+
+/// [`launch`] for a command built with [`command`] and then changed (its environment, say).
+pub async fn launch_command(mut cmd: Command) -> Started {
+    let mut child = cmd.spawn().expect("spawn koder-dns");
     let stderr = child.stderr.take().expect("piped stderr");
     let log = Arc::new(Mutex::new(String::new()));
     let (tx, rx) = std::sync::mpsc::channel();
@@ -89,7 +96,8 @@ pub async fn launch(data: &Path, extra: &[&str]) -> Started {
                 let Ok(line) = line else { break };
                 let plain = strip_ansi(&line);
                 if plain.contains("koder-dns listening") {
-                    let _ = tx.send((field(&plain, "dns"), field(&plain, "http"), plain.clone()));
+                    let https = plain.contains("https=true") || plain.contains("\"https\":true");
+                    let _ = tx.send((field(&plain, "dns"), field(&plain, "http"), https, plain.clone()));
                 }
                 let mut log = log.lock().unwrap();
                 log.push_str(&plain);
@@ -98,10 +106,10 @@ pub async fn launch(data: &Path, extra: &[&str]) -> Started {
         })
     };
     let deadline = Instant::now() + Duration::from_secs(20);
-    let (dns, http) = loop {
-        if let Ok((dns, http, line)) = rx.try_recv() {
+    let (dns, http, https) = loop {
+        if let Ok((dns, http, https, line)) = rx.try_recv() {
             match (dns, http) {
-                (Some(dns), Some(http)) => break (dns, http),
+                (Some(dns), Some(http)) => break (dns, http, https),
                 _ => panic!("cannot parse the addresses from the log line {line:?}"),
             }
         }
@@ -123,11 +131,14 @@ pub async fn launch(data: &Path, extra: &[&str]) -> Started {
         child,
         dns,
         http,
+        https,
         log,
         reader: Some(reader),
     };
-    let client = reqwest::Client::builder()
+    // Whether it is up, not whom it is: the tests that serve HTTPS check the certificate.
+    let client = crate::common::http_builder()
         .timeout(Duration::from_secs(2))
+        .tls_danger_accept_invalid_certs(true)
         .build()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -167,7 +178,17 @@ pub async fn launch_refused(data: &Path, extra: &[&str]) -> (ExitStatus, String)
 
 impl Proc {
     pub fn base(&self) -> String {
-        format!("http://{}", self.http)
+        format!("{}://{}", if self.https { "https" } else { "http" }, self.http)
+    }
+
+    /// Sends `signal` (`HUP`, `TERM`, ...) with kill(1).
+    pub fn signal(&self, signal: &str) {
+        let ok = Command::new("kill")
+            .args([format!("-{signal}"), self.child.id().to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -{signal} {} failed", self.child.id());
     }
 
     pub fn stderr(&self) -> String {

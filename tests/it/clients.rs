@@ -426,7 +426,7 @@ async fn conformance_passes_against_koder_dns_and_cleans_up() {
 async fn proxy(upstream: String, break_r3: bool, hits: Arc<std::sync::atomic::AtomicUsize>) -> String {
     use axum::body::Bytes;
     use axum::http::{HeaderMap, Method, StatusCode, Uri};
-    let http = reqwest::Client::new();
+    let http = crate::common::http();
     let app = axum::Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
         let http = http.clone();
         let upstream = upstream.clone();

@@ -23,6 +23,16 @@ pub struct TestServer {
     pub dir: tempfile::TempDir,
 }
 
+/// An HTTP client. reqwest takes its TLS provider from the process, which must have one
+/// before any client is built, `http://` ones included.
+pub fn http() -> reqwest::Client {
+    http_builder().build().unwrap()
+}
+
+pub fn http_builder() -> reqwest::ClientBuilder {
+    koder_dns::tls::client_builder()
+}
+
 /// A config on ephemeral loopback ports with a private data directory and no zones.
 pub fn test_config(dir: &std::path::Path) -> Config {
     Config {
@@ -60,7 +70,7 @@ pub async fn start_with_clock(tweak: impl FnOnce(&mut Config), clock: Arc<dyn Cl
     let base = format!("http://{}", running.http_addr);
     TestServer {
         running,
-        http: reqwest::Client::new(),
+        http: http(),
         base,
         dir,
     }
@@ -164,14 +174,7 @@ pub async fn udp_query(server: SocketAddr, message: &Message) -> Message {
 
 pub async fn tcp_query(server: SocketAddr, message: &Message) -> Message {
     let mut stream = tokio::net::TcpStream::connect(server).await.unwrap();
-    let bytes = message.to_vec().unwrap();
-    stream.write_all(&(bytes.len() as u16).to_be_bytes()).await.unwrap();
-    stream.write_all(&bytes).await.unwrap();
-    let mut len = [0u8; 2];
-    stream.read_exact(&mut len).await.unwrap();
-    let mut reply = vec![0u8; u16::from_be_bytes(len) as usize];
-    stream.read_exact(&mut reply).await.unwrap();
-    Message::from_vec(&reply).expect("decodable reply")
+    framed_query(&mut stream, message).await
 }
 
 /// `n` instances of one service at 10.0.x.y, port 8000.
@@ -207,4 +210,116 @@ pub fn sample(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
         .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// A private CA made by the test as it runs (no key is ever stored in the repository), and
+/// the server certificates it issues, for 127.0.0.1 and localhost.
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+    ca: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+    /// The CA certificate, PEM: what clients are told to trust (`--ca`).
+    pub ca_path: std::path::PathBuf,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "koder-dns test CA");
+        let ca = rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap();
+        let ca_path = dir.path().join("ca.pem");
+        std::fs::write(&ca_path, ca.pem()).unwrap();
+        Self { dir, ca, ca_path }
+    }
+
+    /// A server certificate with serial `serial` and its key (PKCS#8), written as
+    /// `<name>.crt` and `<name>.key`; returns their paths.
+    pub fn issue(&self, name: &str, serial: u8) -> (std::path::PathBuf, std::path::PathBuf) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+        params.serial_number = Some(rcgen::SerialNumber::from(vec![0x4b, serial]));
+        let cert = params.signed_by(&key, &self.ca).unwrap();
+        let (cert_path, key_path) = (
+            self.dir.path().join(format!("{name}.crt")),
+            self.dir.path().join(format!("{name}.key")),
+        );
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        (cert_path, key_path)
+    }
+
+    /// An HTTP client trusting this CA (and the system's roots), as `--ca` makes one.
+    pub fn http(&self) -> reqwest::Client {
+        koder_dns::tls::trusting(http_builder(), Some(&self.ca_path))
+            .unwrap()
+            .build()
+            .unwrap()
+    }
+
+    /// A TLS client config trusting this CA only, offering `alpn`.
+    pub fn client_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.ca.der().clone()).unwrap();
+        let mut config = rustls::ClientConfig::builder_with_provider(koder_dns::tls::provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Arc::new(config)
+    }
+}
+
+/// The server with a certificate from `pki` (serial 1): HTTPS on its REST address, DNS over
+/// TLS on a port of its own; `http` and `base` speak HTTPS, trusting `pki`'s CA.
+pub async fn start_https(pki: &Pki, tweak: impl FnOnce(&mut Config)) -> TestServer {
+    let (cert, key) = pki.issue("server", 1);
+    let mut server = start_with(|c| {
+        c.tls_cert = Some(cert);
+        c.tls_key = Some(key);
+        c.dot_listen = Some("127.0.0.1:0".parse().unwrap());
+        tweak(c);
+    })
+    .await;
+    server.http = pki.http();
+    server.base = format!("https://{}", server.running.http_addr);
+    server
+}
+
+/// A TLS connection to `addr` as 127.0.0.1, checked against `config`'s roots.
+pub async fn tls_connect(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+    tokio_rustls::TlsConnector::from(config).connect(name, tcp).await
+}
+
+/// The serial number's last byte of the certificate a TLS connection was answered with (the
+/// `serial` given to [`Pki::issue`]).
+pub fn peer_serial(stream: &tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> u8 {
+    let chain = stream.get_ref().1.peer_certificates().expect("a certificate");
+    let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0]).unwrap();
+    *leaf.raw_serial().last().unwrap()
+}
+
+/// One DNS message over a framed stream (TCP, or TLS for DNS over TLS).
+pub async fn framed_query<S>(stream: &mut S, message: &Message) -> Message
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let bytes = message.to_vec().unwrap();
+    let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&bytes);
+    stream.write_all(&framed).await.unwrap();
+    stream.flush().await.unwrap();
+    let mut len = [0u8; 2];
+    stream.read_exact(&mut len).await.unwrap();
+    let mut reply = vec![0u8; u16::from_be_bytes(len) as usize];
+    stream.read_exact(&mut reply).await.unwrap();
+    Message::from_vec(&reply).expect("decodable reply")
 }

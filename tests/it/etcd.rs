@@ -137,7 +137,7 @@ impl Cluster {
     /// Every running member healthy (it has a leader) within 20 s, or the log of the first
     /// that is not.
     async fn healthy(&self) -> Result<(), String> {
-        let client = reqwest::Client::builder()
+        let client = crate::common::http_builder()
             .timeout(Duration::from_secs(1))
             .build()
             .unwrap();
@@ -196,7 +196,7 @@ async fn node(dir: &Path, endpoints: &str, prefix: &str) -> Proc {
 }
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    crate::common::http_builder()
         .timeout(Duration::from_secs(10))
         .pool_max_idle_per_host(128)
         .build()

@@ -8,6 +8,7 @@
 mod child;
 mod common;
 
+mod access;
 mod api;
 mod clients;
 mod concurrency;
@@ -22,8 +23,10 @@ mod metrics;
 mod model;
 mod openapi;
 mod prepared;
+mod reload;
 mod restart;
 mod sd;
+mod tls;
 mod tools;
 mod transfer;
 mod ui;

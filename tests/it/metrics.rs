@@ -26,7 +26,7 @@ async fn post(client: &reqwest::Client, proc: &Proc, path: &str, body: Value) ->
 async fn metrics_move_by_exactly_the_operations_done() {
     let data = tempfile::tempdir().unwrap();
     let proc = launch_ok(data.path(), &[]).await;
-    let client = reqwest::Client::new();
+    let client = crate::common::http();
     let base = proc.base();
     let before = scrape(&client, &base).await;
     assert!(
@@ -157,7 +157,7 @@ async fn metrics_listen_moves_the_endpoint_to_its_own_address() {
     let data = tempfile::tempdir().unwrap();
     let addr = free_port();
     let proc = launch_ok(data.path(), &["--metrics-listen", &addr.to_string()]).await;
-    let client = reqwest::Client::new();
+    let client = crate::common::http();
     let text = scrape(&client, &format!("http://{addr}")).await;
     assert!(text.contains("koder_dns_soa_serial"), "{text}");
     let on_api = client.get(format!("{}/metrics", proc.base())).send().await.unwrap();
@@ -186,7 +186,7 @@ async fn log_format_json_writes_one_object_per_line() {
 async fn held_blocking_queries_are_a_gauge() {
     let data = tempfile::tempdir().unwrap();
     let proc = launch_ok(data.path(), &[]).await;
-    let client = reqwest::Client::new();
+    let client = crate::common::http();
     let base = proc.base();
     let listing = client
         .get(format!("{base}/api/v1/services"))

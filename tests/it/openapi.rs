@@ -80,3 +80,41 @@ async fn schemathesis_finds_no_server_error_and_no_response_outside_the_schema()
     );
     assert!(stdout.contains("passed"), "{stdout}");
 }
+
+/// The document is valid OpenAPI 3.1 by the reference validator, declares how the key is
+/// sent, and lists 403 on every route where a key's scope can refuse.
+#[tokio::test]
+#[ignore = "needs openapi-spec-validator (PyPI, installed by tests/run.sh)"]
+async fn the_document_passes_openapi_spec_validator_and_lists_403_where_a_scope_refuses() {
+    let server = common::start().await;
+    let (status, doc) = server.get("/api/v1/openapi.json").await;
+    assert_eq!(status, 200);
+    let file = tempfile::NamedTempFile::with_suffix(".json").unwrap();
+    std::fs::write(file.path(), doc.to_string()).unwrap();
+    let out = Command::new("openapi-spec-validator")
+        .arg(file.path())
+        .output()
+        .expect("run openapi-spec-validator (pip install openapi-spec-validator)");
+    assert!(
+        out.status.success(),
+        "openapi-spec-validator rejects the document:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let schemes = &doc["components"]["securitySchemes"];
+    assert_eq!(schemes["api_key"]["type"], "apiKey", "{schemes}");
+    assert_eq!(schemes["api_key"]["in"], "header");
+    assert_eq!(schemes["api_key"]["name"], "X-API-Key");
+    assert_eq!(schemes["bearer"]["scheme"], "bearer", "{schemes}");
+    for (path, method) in [
+        ("/api/v1/services/register", "post"),
+        ("/api/v1/services/heartbeat", "post"),
+        ("/api/v1/services/deregister", "post"),
+    ] {
+        let operation = &doc["paths"][path][method];
+        assert!(
+            operation["responses"]["403"].is_object(),
+            "{method} {path}: {operation}"
+        );
+    }
+}

@@ -22,7 +22,7 @@ const SECOND: i64 = 1_000_000_000;
 // HTTP and DNS helpers.
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    crate::common::http_builder()
         .timeout(Duration::from_secs(10))
         .pool_max_idle_per_host(256)
         .build()

@@ -128,7 +128,7 @@ async fn prometheus_scrapes_a_target_it_discovered() {
             .spawn()
             .expect("run prometheus (apt-get install prometheus)"),
     );
-    let client = reqwest::Client::new();
+    let client = crate::common::http();
     let deadline = Instant::now() + Duration::from_secs(60);
     let target = loop {
         let targets: Option<Value> = match client.get(format!("http://{web}/api/v1/targets")).send().await {

@@ -353,7 +353,9 @@ impl Unbound {
     }
 }
 
-fn unbound_conf(dir: &Path, port: u16, koder: SocketAddr, extra: &str) -> String {
+/// `stub` is the stub zone's own lines (`stub-addr: ...`, and `stub-tls-upstream: yes` for
+/// DNS over TLS); `extra` goes into the server section.
+fn unbound_conf(dir: &Path, port: u16, stub: &str, extra: &str) -> String {
     let d = dir.display();
     format!(
         r#"server:
@@ -384,21 +386,24 @@ remote-control:
 
 stub-zone:
     name: "service.koder."
-    stub-addr: {ip}@{kport}
+{stub}
 "#,
-        ip = koder.ip(),
-        kport = koder.port(),
     )
 }
 
 /// Starts unbound on a free loopback port, resolving `service.koder.` through `koder`.
 async fn start_unbound(koder: SocketAddr, extra: &str) -> Unbound {
+    start_unbound_with(&format!("    stub-addr: {}@{}", koder.ip(), koder.port()), extra).await
+}
+
+/// [`start_unbound`] with the stub zone's lines given.
+async fn start_unbound_with(stub: &str, extra: &str) -> Unbound {
     let unbound = tool("unbound", "unbound");
     let checkconf = tool("unbound-checkconf", "unbound");
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let conf = dir.path().join("unbound.conf");
-    std::fs::write(&conf, unbound_conf(dir.path(), port, koder, extra)).unwrap();
+    std::fs::write(&conf, unbound_conf(dir.path(), port, stub, extra)).unwrap();
     let check = tokio::process::Command::new(checkconf)
         .arg(&conf)
         .output()
@@ -1018,5 +1023,63 @@ frontend fe
     eprintln!(
         "haproxy: {} samples, {whole} with the whole set; log:\n{log}",
         seen.len()
+    );
+}
+
+/// unbound stubbing the service zone to `dot` over TLS, trusting the CA in `ca` for the name
+/// `localhost`.
+async fn start_unbound_over_tls(dot: SocketAddr, ca: &Path) -> Unbound {
+    start_unbound_with(
+        &format!(
+            "    stub-addr: {}@{}#localhost\n    stub-tls-upstream: yes",
+            dot.ip(),
+            dot.port()
+        ),
+        &format!("    tls-cert-bundle: \"{}\"", ca.display()),
+    )
+    .await
+}
+
+/// RFC 7858 end to end: unbound forwards the service zone to `--dot-listen` over TLS,
+/// checking the certificate against a private CA (`tls-cert-bundle`) and the name it was
+/// issued for, and resolves what was registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs dig and unbound (installed by the README test command)"]
+async fn unbound_resolves_the_service_zone_over_dns_over_tls() {
+    let pki = common::Pki::new();
+    let server = common::start_https(&pki, |_| {}).await;
+    server
+        .register(json!({"name": "voice", "address": "10.0.0.1", "port": 5060}))
+        .await;
+    let dot = server.running.dot_addr.expect("DNS over TLS is on");
+    let unbound = start_unbound_over_tls(dot, &pki.ca_path).await;
+    let srv = dig(unbound.addr, &["SRV", "_voice._tcp.service.koder"]).await;
+    assert_eq!(srv.status, "NOERROR", "{}\n{}", srv.raw, unbound.log());
+    let got: Vec<String> = Dig::of_type(&srv.answer, "SRV")
+        .iter()
+        .map(|r| r[4..].join(" "))
+        .collect();
+    assert_eq!(got, ["10 100 5060 0a000001.addr.service.koder."], "{}", srv.raw);
+    let scrape = common::scrape(&server.http, &server.base).await;
+    assert!(
+        common::sample(
+            &scrape,
+            r#"koder_dns_dns_queries_total{qtype="SRV",rcode="NOERROR",transport="tls"}"#
+        ) >= 1.0,
+        "the answer went over TLS: {scrape}"
+    );
+    // The same resolver refuses a server whose certificate its CA did not sign.
+    let stranger = common::Pki::new();
+    let other = common::start_https(&stranger, |_| {}).await;
+    other
+        .register(json!({"name": "voice", "address": "10.9.9.9", "port": 5060}))
+        .await;
+    let dot = other.running.dot_addr.unwrap();
+    let refusing = start_unbound_over_tls(dot, &pki.ca_path).await;
+    let srv = dig(refusing.addr, &["SRV", "_voice._tcp.service.koder"]).await;
+    assert_eq!(
+        srv.status, "SERVFAIL",
+        "an unverified upstream is not used: {}",
+        srv.raw
     );
 }

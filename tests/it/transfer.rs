@@ -20,7 +20,7 @@ fn key_text(name: &str) -> String {
     format!("{name}:hmac-sha256:{}", data_encoding::BASE64.encode(SECRET))
 }
 
-fn signer(name: &str, secret: &[u8]) -> TSigner {
+pub(crate) fn signer(name: &str, secret: &[u8]) -> TSigner {
     TSigner::new(
         secret.to_vec(),
         TsigAlgorithm::HmacSha256,
@@ -30,7 +30,7 @@ fn signer(name: &str, secret: &[u8]) -> TSigner {
     .unwrap()
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::common::{self, KEY};
+use crate::common;
 
 #[tokio::test]
 async fn ui_page_is_served_without_a_key_and_holds_no_data() {
@@ -107,7 +107,7 @@ impl Session {
 
 #[tokio::test]
 #[ignore = "needs chromium and chromium-driver (Debian packages)"]
-async fn ui_in_chromium_shows_an_instance_and_drops_it_after_deregistration() {
+async fn ui_in_chromium_with_a_read_key_shows_an_instance_and_drops_it_after_deregistration() {
     let dir = tempfile::tempdir().unwrap();
     let reference = dir.path().join("ports.toml");
     std::fs::write(
@@ -115,7 +115,19 @@ async fn ui_in_chromium_shows_an_instance_and_drops_it_after_deregistration() {
         "[[ports]]\nport = 5060\nprotocol = \"tcp\"\nservice = \"voice\"\n",
     )
     .unwrap();
-    let server = common::start_with(move |c| c.drift_reference = Some(reference)).await;
+    // The page signs in with the key of an edge proxy, scope read: all it needs.
+    let token = koder_dns::access::new_token().unwrap();
+    let keys = dir.path().join("keys.toml");
+    std::fs::write(
+        &keys,
+        koder_dns::access::file_entry("edge", &token, koder_dns::access::Scope::Read, &[]),
+    )
+    .unwrap();
+    let server = common::start_with(move |c| {
+        c.drift_reference = Some(reference);
+        c.keys_file = Some(keys);
+    })
+    .await;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -130,7 +142,7 @@ async fn ui_in_chromium_shows_an_instance_and_drops_it_after_deregistration() {
             .expect("run chromedriver (apt-get install chromium-driver)"),
     );
     let profile = tempfile::tempdir().unwrap();
-    let http = reqwest::Client::new();
+    let http = crate::common::http();
     let driver = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(20);
     while http.get(format!("{driver}/status")).send().await.is_err() {
@@ -169,7 +181,7 @@ async fn ui_in_chromium_shows_an_instance_and_drops_it_after_deregistration() {
     session.wait_for("#login:not(.hidden)", true).await;
     let field = session.find("#key").await.unwrap();
     session
-        .call(Method::POST, &format!("/element/{field}/value"), json!({"text": KEY}))
+        .call(Method::POST, &format!("/element/{field}/value"), json!({"text": token}))
         .await;
     let button = session.find("#sign-in").await.unwrap();
     session
@@ -178,7 +190,7 @@ async fn ui_in_chromium_shows_an_instance_and_drops_it_after_deregistration() {
     session.wait_for("#main:not(.hidden)", true).await;
     // The key is kept for the session, not put in the address.
     let url = session.call(Method::GET, "/url", Value::Null).await;
-    assert!(!url.as_str().unwrap().contains(KEY), "{url}");
+    assert!(!url.as_str().unwrap().contains(&token), "{url}");
 
     // Before the registration the reference's port is missing from the registry.
     session.wait_for("tr[data-drift='missing']", true).await;

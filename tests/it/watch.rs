@@ -233,7 +233,7 @@ async fn ten_thousand_held_requests_cost_no_cpu_while_idle_and_all_wake_on_a_cha
         ],
     )
     .await;
-    let http = reqwest::Client::new();
+    let http = crate::common::http();
     let register = |body: Value| {
         http.post(format!("{}/api/v1/services/register", proc.base()))
             .header("X-API-Key", crate::child::KEY)
