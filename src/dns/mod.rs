@@ -3,9 +3,11 @@
 //! response types), and static zone files answered by hickory's Catalog.
 
 pub mod answer;
+pub mod cookie;
 pub mod journal;
 mod message;
 pub mod notify;
+pub mod rrl;
 pub mod tcp;
 pub mod transfer;
 pub mod tsig;
