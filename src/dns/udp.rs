@@ -24,7 +24,8 @@ use hickory_server::net::xfer::Protocol;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::{Authority, handle_full, handle_prepared};
+use super::rrl::Verdict;
+use super::{Authority, handle_full, handle_prepared, slip};
 
 /// Largest datagram we read.
 const RECV_BUFFER: usize = super::MAX_UDP_PAYLOAD as usize;
@@ -213,6 +214,9 @@ fn serve(
     socket.set_write_timeout(Some(SHUTDOWN_POLL))?;
     let fd = socket.as_raw_fd();
     let mut batch = Batch::new();
+    let limiter = authority.rate_limiter();
+    // Responses over the rate so far, for every `--dns-rrl-slip`-th to slip.
+    let mut limited = 0;
     while !shutdown.is_cancelled() {
         let n = match batch.recv(fd) {
             Ok(n) => n,
@@ -225,13 +229,31 @@ fn serve(
             }
         };
         batch.outgoing.clear();
+        let now = limiter.map(|rrl| rrl.now());
         for i in 0..n {
             let Some(src) = batch.source(i).filter(|&src| answerable(src)) else {
                 continue;
             };
             let mut reply = std::mem::take(&mut batch.replies[i]);
             let query = batch.datagram(i);
-            if handle_prepared(authority, query, Protocol::Udp, &mut reply)
+            // Over the rate: dropped or slipped before any work on the answer. A query that
+            // gets no reply anyway (a response, a runt) is not counted.
+            if let (Some(rrl), Some(now)) = (limiter, now)
+                && query.len() >= 12
+                && query[2] & 0x80 == 0
+                && !rrl.exempt(src.ip())
+                && !rrl.charge(src.ip(), now)
+                && !authority.has_valid_cookie(query, src.ip())
+            {
+                let slipped = rrl.over_rate(&mut limited) == Verdict::Slip && slip(authority, query, src, &mut reply);
+                metrics::rate_limited(slipped);
+                if slipped {
+                    batch.outgoing.push(i);
+                }
+                batch.replies[i] = reply;
+                continue;
+            }
+            if handle_prepared(authority, query, src, Protocol::Udp, &mut reply)
                 || runtime.block_on(handle_full(authority, query, src, Protocol::Udp, &mut reply))
             {
                 metrics::dns_reply(Transport::Udp, &reply);

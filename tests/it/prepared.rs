@@ -148,7 +148,7 @@ fn bytes_limit(bytes: &[u8], protocol: Protocol) -> usize {
 fn same_answer(world: &World, bytes: &[u8], protocol: Protocol, what: &str) -> bool {
     let src: SocketAddr = SRC.parse().unwrap();
     let mut fast = Vec::new();
-    if !handle_prepared(&world.authority, bytes, protocol, &mut fast) {
+    if !handle_prepared(&world.authority, bytes, src, protocol, &mut fast) {
         return false;
     }
     let mut full = Vec::new();
@@ -283,6 +283,7 @@ fn prepared_answers_follow_leases() {
     assert!(handle_prepared(
         &world.authority,
         &query(1, "voice.service.koder.", RecordType::A, None),
+        SRC.parse().unwrap(),
         Protocol::Udp,
         &mut reply
     ));
