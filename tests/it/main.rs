@@ -24,6 +24,7 @@ mod openapi;
 mod prepared;
 mod restart;
 mod sd;
+mod strangers;
 mod tools;
 mod transfer;
 mod ui;
