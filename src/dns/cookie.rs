@@ -172,7 +172,7 @@ impl Secrets {
         reply[..CLIENT_LEN].copy_from_slice(sent.client);
         let age = self.valid_age(sent.client, sent.server, ip, now);
         match age {
-            Some(age) if age < RENEW && age >= 0 => reply[CLIENT_LEN..].copy_from_slice(sent.server),
+            Some(age) if (0..RENEW).contains(&age) => reply[CLIENT_LEN..].copy_from_slice(sent.server),
             _ => reply[CLIENT_LEN..].copy_from_slice(&self.make(sent.client, ip, now)),
         }
         (reply, age.is_some())
