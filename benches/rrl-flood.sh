@@ -15,7 +15,7 @@
 # achieved rate, the server's CPU, and what the RRL metrics counted.
 #
 # Env knobs (defaults):
-#   DURATION=10 ROUNDS=1 RATE=100 SLIP=2 FLOOD_QPS=20000 PROBE_QPS=200
+#   DURATION=10 ROUNDS=1 RATE=200 SLIP=2 FLOOD_QPS=20000 PROBE_QPS=100
 #   KODER_DNS_BIN, SKIP_BUILD=1, KEEP_TMP=1, KODER_DNS_LOG=warn
 # Needs root for the raw socket of lib/spoof.py. Only 127.0.0.1 is ever a destination.
 set -euo pipefail
@@ -25,10 +25,10 @@ source "$(dirname "$0")/lib/common.sh"
 
 DURATION="${DURATION:-10}"
 ROUNDS="${ROUNDS:-1}"
-RATE="${RATE:-100}"
+RATE="${RATE:-200}"
 SLIP="${SLIP:-2}"
 FLOOD_QPS="${FLOOD_QPS:-20000}"
-PROBE_QPS="${PROBE_QPS:-200}"
+PROBE_QPS="${PROBE_QPS:-100}"
 [[ $PROBE_QPS -lt $RATE ]] || die "PROBE_QPS ($PROBE_QPS) must stay under RATE ($RATE): the probe is a client within the rate"
 [[ $(id -u) == 0 ]] || die "lib/spoof.py forges source addresses with a raw socket: run as root"
 
