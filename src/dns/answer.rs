@@ -248,15 +248,21 @@ impl ZoneAnswerer {
         let mut earliest = earliest(members);
         let ttl = Lease::ttl_at(earliest, now, self.dns_ttl);
         let mut in_zone = false;
+        // The longest TTL of a record whose lease can end: a prepared answer is good until
+        // that TTL would reach past the earliest lease.
+        let mut longest = ttl;
         let answer = service_records(zone, members, owner, qtype, srv_name, ttl, &mut |host| {
             let (records, until) = self.host_addresses(host, now);
             in_zone |= zone.origin_lower.zone_of(&LowerName::new(host));
-            earliest = earliest.min(until);
+            if until != NEVER {
+                earliest = earliest.min(until);
+                longest = records.iter().map(|r| r.ttl).fold(longest, u32::max);
+            }
             records
         });
         Built {
             answer,
-            ttl,
+            ttl: longest,
             earliest,
             in_zone,
         }
@@ -319,11 +325,10 @@ impl ZoneAnswerer {
         // so a view found here is exactly a `[service]` or `[_service, _protocol]` name.
         let service = std::str::from_utf8(service).ok()?;
         let now = self.registry.now();
-        let serial = || self.registry.serial();
-        let f = match self
-            .registry
-            .with_view(service, |view| view.prepared.current(qtype, protocol, now, serial, f))?
-        {
+        let view_changes = || self.registry.view_changes();
+        let f = match self.registry.with_view(service, |view| {
+            view.prepared.current(qtype, protocol, now, view_changes, f)
+        })? {
             Ok(answered) => return Some(answered),
             Err(f) => f,
         };
@@ -348,7 +353,7 @@ impl ZoneAnswerer {
         }
         let owner = Name::from(qname);
         // Read first: a change after it makes the answer stale, never the other way round.
-        let serial = self.registry.serial();
+        let view_changes = self.registry.view_changes();
         let built = self.records_of(&members, &owner, qtype, protocol.is_some(), now);
         let (answers, additionals) = match built.answer {
             Answer::Records { answers, additionals } => (answers, additionals),
@@ -360,7 +365,7 @@ impl ZoneAnswerer {
                 qtype,
                 ttl: built.ttl,
                 earliest: built.earliest,
-                serial: built.in_zone.then_some(serial),
+                view_changes: built.in_zone.then_some(view_changes),
             },
             &answers,
             &additionals,
@@ -458,8 +463,9 @@ fn earliest(members: &[Arc<Member>]) -> Nanos {
     members.iter().map(|m| m.lease.deadline()).min().unwrap_or(NEVER)
 }
 
-/// What [`ZoneAnswerer::records_of`] built: the answer, its records' TTL, the earliest lease
-/// it depends on, and whether it holds addresses of names in the service zone.
+/// What [`ZoneAnswerer::records_of`] built: the answer, the longest TTL of its records that
+/// follow leases, the earliest lease it depends on, and whether it holds addresses of names
+/// in the service zone.
 struct Built {
     answer: Answer,
     ttl: u32,

@@ -171,6 +171,9 @@ pub struct Registry {
     /// The revision: counts every change a reader can see (the SOA serial is its low 32
     /// bits, blocking queries wait for it to pass their index).
     revision: AtomicU64,
+    /// Every change to a service's view counts here: an answer that holds another service's
+    /// addresses (an SRV target in the zone) is good while this has not moved.
+    view_changes: AtomicU64,
     /// Woken at every new revision: held blocking queries wait here, costing no thread and
     /// no polling.
     changed: Notify,
@@ -199,6 +202,7 @@ impl Registry {
             leases: LeaseIndex::default(),
             count: AtomicUsize::new(0),
             revision: AtomicU64::new(revision),
+            view_changes: AtomicU64::new(0),
             changed: Notify::new(),
             settings,
             subscribers: Mutex::new(Vec::new()),
@@ -295,6 +299,12 @@ impl Registry {
     /// The SOA serial: the low 32 bits of the revision (RFC 1982 arithmetic wraps).
     pub fn serial(&self) -> u32 {
         self.revision() as u32
+    }
+
+    /// How many times a service's view has changed (registrations, removals, health flips,
+    /// leases moved earlier), in this process.
+    pub fn view_changes(&self) -> u64 {
+        self.view_changes.load(Ordering::Acquire)
     }
 
     /// The revision: a 64-bit count of changes a reader can see; only grows, across
@@ -521,6 +531,7 @@ impl Registry {
             };
             ServiceView::change(&mut view, |members| members.insert(member.clone()))
         };
+        self.view_changes.fetch_add(1, Ordering::Release);
         if replaced.as_ref().map(|m| &m.protocol) != Some(&member.protocol) {
             if let Some(old) = replaced {
                 self.count_protocol(&old.protocol, service, false);
@@ -540,6 +551,7 @@ impl Registry {
             }
             MapEntry::Vacant(_) => None,
         };
+        self.view_changes.fetch_add(1, Ordering::Release);
         if let Some(member) = removed {
             self.count_protocol(&member.protocol, service, false);
         }

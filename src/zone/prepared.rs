@@ -23,7 +23,8 @@
 //! good until the earliest lease it answers for comes within its TTL, and is then built
 //! again with the deadlines of the moment. An answer that holds another service's addresses
 //! (an SRV target that is a name of the zone) depends on that service's view too: it keeps
-//! the serial it was built at and is built again once the serial moves.
+//! the registry's count of view changes it was built at, and is built again once any view
+//! has changed.
 //!
 //! Negative answers (NXDOMAIN, NODATA) carry the zone's SOA, which changes with the serial
 //! rather than with a view: [`SoaTail`] keeps it encoded for the current serial.
@@ -190,9 +191,10 @@ pub struct Prepared {
     /// Until when (exclusive) this is the answer: then the TTL would have to shrink below
     /// the encoded one, or an instance's lease end.
     expires: Nanos,
-    /// The serial it was built at, when it holds the addresses of another service (an SRV
-    /// target that is a name of the zone): any change to the registry then rebuilds it.
-    serial: Option<u32>,
+    /// The registry's count of view changes when it was built, if it holds the addresses of
+    /// another service (an SRV target that is a name of the zone): any change to a view
+    /// then rebuilds it.
+    view_changes: Option<u64>,
 }
 
 /// An additional record whose owner is an SRV answer's target.
@@ -207,13 +209,14 @@ struct Glue {
 }
 
 /// What to prepare: the question, the records' TTL, the earliest lease deadline of the
-/// instances answered, and the serial if the answer holds another service's addresses.
+/// instances answered, and the registry's count of view changes if the answer holds another
+/// service's addresses.
 pub struct Asked {
     pub owner: Name,
     pub qtype: RecordType,
     pub ttl: u32,
     pub earliest: Nanos,
-    pub serial: Option<u32>,
+    pub view_changes: Option<u64>,
 }
 
 /// The length of the name at the start of `bytes`: labels up to the root or a pointer.
@@ -241,7 +244,7 @@ impl Prepared {
             qtype,
             ttl,
             earliest,
-            serial,
+            view_changes,
         } = asked;
         let query = Query::query(owner, qtype);
         let mut bytes = query.to_bytes().ok()?;
@@ -286,7 +289,7 @@ impl Prepared {
             answers: answers.len() as u32,
             glue,
             expires,
-            serial,
+            view_changes,
         })
     }
 
@@ -380,14 +383,14 @@ pub struct PreparedAnswers(ArcSwapOption<Vec<(Key, Arc<Prepared>)>>);
 
 impl PreparedAnswers {
     /// `f` on the prepared answer for `qtype` (and `protocol`) if one has not expired at
-    /// `now`, nor (for one that depends on it) the registry's `serial` moved on; `f` back
-    /// if not.
+    /// `now`, nor (for one that holds another service's addresses) any view changed since it
+    /// was built (`view_changes`, read only then); `f` back if not.
     pub fn current<R, F: FnOnce(&Prepared) -> R>(
         &self,
         qtype: RecordType,
         protocol: Option<&[u8]>,
         now: Nanos,
-        serial: impl FnOnce() -> u32,
+        view_changes: impl FnOnce() -> u64,
         f: F,
     ) -> Result<R, F> {
         let answers = self.0.load();
@@ -395,7 +398,9 @@ impl PreparedAnswers {
             .as_deref()
             .and_then(|a| a.iter().find(|(key, _)| key.is(qtype, protocol)))
         {
-            Some((_, prepared)) if now < prepared.expires && prepared.serial.is_none_or(|s| s == serial()) => {
+            Some((_, prepared))
+                if now < prepared.expires && prepared.view_changes.is_none_or(|n| n == view_changes()) =>
+            {
                 Ok(f(prepared))
             }
             _ => Err(f),

@@ -259,6 +259,53 @@ async fn srv_host_name_target_in_a_served_zone_gets_its_addresses() {
     }
 }
 
+/// An SRV target that is a name of the service zone (`api` registered with the address
+/// `web.service.koder`) gets that service's addresses in the additional section, and they
+/// follow the service: asked again (from the prepared answer) after `web` changes, the glue
+/// is `web`'s new set.
+#[tokio::test]
+async fn srv_target_in_the_service_zone_gets_the_services_addresses() {
+    let server = common::start().await;
+    server
+        .register(json!({"name": "api", "address": "web.service.koder", "port": 8443}))
+        .await;
+    let glue = |reply: &Message| {
+        let mut glue: Vec<String> = reply
+            .additionals
+            .iter()
+            .map(|r| format!("{} {}", r.name.to_ascii().to_ascii_lowercase(), r.data))
+            .collect();
+        glue.sort();
+        glue
+    };
+    const API: &str = "_api._tcp.service.koder.";
+    for via in BOTH {
+        let reply = ask(&server, via, API, RecordType::SRV).await;
+        assert!(glue(&reply).is_empty(), "web has no instance yet: {reply}");
+    }
+    server
+        .register(json!({"name": "web", "id": "web-4", "address": "10.0.1.1", "port": 443}))
+        .await;
+    server
+        .register(json!({"name": "web", "id": "web-6", "address": "2001:db8::1", "port": 443}))
+        .await;
+    for via in BOTH {
+        for _ in 0..2 {
+            let reply = ask(&server, via, API, RecordType::SRV).await;
+            assert_eq!(
+                glue(&reply),
+                ["web.service.koder. 10.0.1.1", "web.service.koder. 2001:db8::1"],
+                "{via:?}: {reply}"
+            );
+        }
+    }
+    server.deregister("web-4").await;
+    for via in BOTH {
+        let reply = ask(&server, via, API, RecordType::SRV).await;
+        assert_eq!(glue(&reply), ["web.service.koder. 2001:db8::1"], "{via:?}: {reply}");
+    }
+}
+
 #[tokio::test]
 async fn srv_by_protocol() {
     let server = common::start().await;
