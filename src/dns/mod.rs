@@ -164,13 +164,13 @@ impl Authority {
     }
 
     /// The response rate limiter, when `--dns-rrl-rate` is on.
-    pub fn rate_limiter(&self) -> Option<&rrl::RateLimiter> {
+    pub(crate) fn rate_limiter(&self) -> Option<&rrl::RateLimiter> {
         self.0.rate_limiter.as_ref()
     }
 
     /// Whether `message`, from `ip`, carries a server cookie of ours that is valid now:
     /// then its source is not forged, and rate limiting lets it through.
-    pub fn has_valid_cookie(&self, message: &[u8], ip: IpAddr) -> bool {
+    pub(crate) fn has_valid_cookie(&self, message: &[u8], ip: IpAddr) -> bool {
         let sent = match message::Question::read(message) {
             Some(question) => question.edns.and_then(|e| e.cookie.flatten()),
             None => None,
@@ -286,7 +286,7 @@ fn chaos_name(name: &LowerName) -> Option<Chaos> {
 }
 
 /// What `CH TXT version.bind.` answers.
-pub fn version_text() -> String {
+fn version_text() -> String {
     format!("koder-dns {}", env!("CARGO_PKG_VERSION"))
 }
 

@@ -10,6 +10,11 @@
 //! query. A worker sleeps in `recvmmsg` itself rather than in an event loop, which saves the
 //! `epoll_wait` and the empty read of every wake-up; the few queries the prepared answers do
 //! not cover run on a small runtime of the worker's own.
+//!
+//! With `--dns-rrl-rate`, each query is first charged to its client network (see
+//! [`super::rrl`]); one over the rate, unless it carries a valid server cookie, is dropped or
+//! slipped before any work is spent on its answer. With the limit off that is one test of
+//! an `Option` per datagram.
 
 #[cfg(not(target_os = "linux"))]
 compile_error!("koder-dns serves DNS over UDP with recvmmsg/sendmmsg, which need Linux");
