@@ -87,6 +87,14 @@ fn bench(c: &mut Criterion) {
     group.bench_function("charge_one_network", |b| {
         b.iter(|| black_box(rrl.charge(black_box(one), rrl.now())))
     });
+    let batch = [Some(one); 32];
+    let mut over = [false; 32];
+    group.bench_function("charge_batch_of_32_one_network", |b| {
+        b.iter(|| {
+            rrl.charge_batch(rrl.now(), black_box(&batch), &mut over);
+            black_box(over[31])
+        })
+    });
     let mut rng = fastrand::Rng::with_seed(1);
     group.bench_function("charge_random_sources", |b| {
         b.iter(|| black_box(rrl.charge(IpAddr::V4(Ipv4Addr::from(rng.u32(..))), rrl.now())))

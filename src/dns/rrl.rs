@@ -18,8 +18,11 @@
 //! 200k queries/s this server answers on two cores, with `--dns-rrl-rate 20`, that is
 //! 10,000 words busy at once, 1% of the table.
 //!
-//! Per response: one keyed hash of the network (SipHash-1-3, ~15 ns), one load and, when
-//! answered, one compare-and-swap; no lock, no allocation. With the limit off the UDP
+//! The UDP workers charge a batch of datagrams at once, run by run: per run of responses to
+//! one network, one keyed hash of the network (SipHash-1-3), a load or two and one
+//! compare-and-swap; no lock, no allocation. Measured with `cargo bench --bench rrl` (on a
+//! busy machine): 111 ns a check alone, 383 ns from random sources (the table's cache
+//! misses), a few ns a response in a batch of 32 from one network. With the limit off the
 //! workers test one `Option`.
 
 use std::hash::{BuildHasher, Hasher};
@@ -142,8 +145,41 @@ impl RateLimiter {
     /// Counts one response to `ip` at `now` (from [`Self::now`]); false when it is over the
     /// rate, and then nothing is counted.
     pub fn charge(&self, ip: IpAddr, now: u64) -> bool {
+        self.charge_run(network(ip), now, 1) == 1
+    }
+
+    /// Charges a batch of responses: `sources[i]` is the client of the i-th, `None` for one
+    /// not charged (no reply goes out); marks in `over` those over the rate. Consecutive
+    /// responses to one network are charged as a run, with one hash and one
+    /// compare-and-swap: under load a batch is mostly runs from a few resolvers, and both
+    /// workers writing one network's word for every response would pass its cache line
+    /// back and forth between the cores.
+    pub fn charge_batch(&self, now: u64, sources: &[Option<IpAddr>], over: &mut [bool]) {
+        let charged = |ip: &Option<IpAddr>| ip.filter(|&ip| !self.exempt(ip)).map(network);
+        let mut i = 0;
+        while i < sources.len() {
+            let Some(net) = charged(&sources[i]) else {
+                over[i] = false;
+                i += 1;
+                continue;
+            };
+            let run = 1 + sources[i + 1..]
+                .iter()
+                .take_while(|ip| charged(ip) == Some(net))
+                .count();
+            let allowed = self.charge_run(net, now, run as u64) as usize;
+            for (k, over) in over[i..i + run].iter_mut().enumerate() {
+                *over = k >= allowed;
+            }
+            i += run;
+        }
+    }
+
+    /// Counts up to `n` responses to network `net` at `now`; returns how many are within the
+    /// rate (those are counted, the rest not).
+    fn charge_run(&self, net: u64, now: u64, n: u64) -> u64 {
         let mut hasher = self.hasher.build_hasher();
-        hasher.write_u64(network(ip));
+        hasher.write_u64(net);
         let hash = hasher.finish();
         let mask = BUCKETS as u64 - 1;
         let tag = hash >> (64 - TAG_BITS);
@@ -165,14 +201,16 @@ impl RateLimiter {
         loop {
             let owner = current >> TIME_BITS;
             let ahead = self.ahead(current, now).unwrap_or(0);
-            if ahead + self.interval > self.burst {
-                return false;
+            // Each response moves the time one interval on, while it stays within the burst.
+            let allowed = (self.burst.saturating_sub(ahead) / self.interval).min(n);
+            if allowed == 0 {
+                return 0;
             }
             // An idle word changes hands; a busy one keeps its owner (shared).
             let owner = if ahead == 0 { tag } else { owner };
-            let next = owner << TIME_BITS | ((now + ahead + self.interval) & TIME_MASK);
+            let next = owner << TIME_BITS | ((now + ahead + allowed * self.interval) & TIME_MASK);
             match word.compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return true,
+                Ok(_) => return allowed,
                 Err(seen) => current = seen,
             }
         }
@@ -249,6 +287,27 @@ mod tests {
             !rrl.charge(ip("192.0.2.7"), 0),
             "an IPv4-mapped address is its IPv4 /24"
         );
+    }
+
+    /// A batch is charged run by run, as the same responses one by one would be.
+    #[test]
+    fn a_batch_is_charged_as_its_responses_one_by_one() {
+        let (batched, single) = (limiter(10), limiter(10));
+        let now = TICKS_PER_SECOND;
+        let mut rng = fastrand::Rng::with_seed(3);
+        let nets = ["192.0.2.1", "192.0.2.77", "198.51.100.1", "10.9.0.1", "2001:db8::1"];
+        for round in 0..20 {
+            let sources: Vec<Option<IpAddr>> = (0..32)
+                .map(|_| (rng.u8(..8) != 0).then(|| ip(nets[rng.usize(..nets.len())])))
+                .collect();
+            let mut over = [true; 32];
+            batched.charge_batch(now + round, &sources, &mut over);
+            let expected: Vec<bool> = sources
+                .iter()
+                .map(|s| s.is_some_and(|ip| !single.exempt(ip) && !single.charge(ip, now + round)))
+                .collect();
+            assert_eq!(over.to_vec(), expected, "round {round}: {sources:?}");
+        }
     }
 
     #[test]

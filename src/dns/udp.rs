@@ -234,20 +234,27 @@ fn serve(
             }
         };
         batch.outgoing.clear();
-        let now = limiter.map(|rrl| rrl.now());
-        for i in 0..n {
+        // Over the rate: dropped or slipped before any work on the answer. A datagram that
+        // gets no reply anyway (a response, a runt) is not counted.
+        let mut over = [false; BATCH];
+        if let Some(rrl) = limiter {
+            let charged = |i: usize| {
+                let query = batch.datagram(i);
+                let src = batch.source(i).filter(|&src| answerable(src))?;
+                (query.len() >= 12 && query[2] & 0x80 == 0).then_some(src.ip())
+            };
+            let sources: [Option<std::net::IpAddr>; BATCH] =
+                std::array::from_fn(|i| if i < n { charged(i) } else { None });
+            rrl.charge_batch(rrl.now(), &sources[..n], &mut over[..n]);
+        }
+        for (i, &over) in over[..n].iter().enumerate() {
             let Some(src) = batch.source(i).filter(|&src| answerable(src)) else {
                 continue;
             };
             let mut reply = std::mem::take(&mut batch.replies[i]);
             let query = batch.datagram(i);
-            // Over the rate: dropped or slipped before any work on the answer. A query that
-            // gets no reply anyway (a response, a runt) is not counted.
-            if let (Some(rrl), Some(now)) = (limiter, now)
-                && query.len() >= 12
-                && query[2] & 0x80 == 0
-                && !rrl.exempt(src.ip())
-                && !rrl.charge(src.ip(), now)
+            if let Some(rrl) = limiter
+                && over
                 && !authority.has_valid_cookie(query, src.ip())
             {
                 let slipped = rrl.over_rate(&mut limited) == Verdict::Slip && slip(authority, query, src, &mut reply);
