@@ -20,6 +20,10 @@
 #   CLIENTS=8 OUTSTANDING=200 DNSPERF_THREADS=1   dnsperf -c, -q, -T
 #   DNSPERF_MODE=udp  (or tcp)
 #   DNSPERF_TIMEOUT=2 dnsperf -t: a query unanswered this long counts as lost
+#   RRL_RATE=0        when > 0, a second koder-dns ("koder+rrl") with the same instances and
+#                     --dns-rrl-rate RRL_RATE, measured in the same rounds: the cost of rate
+#                     limiting when no client is over the rate (dnsperf's one source must stay
+#                     under it: pick a rate well above the QPS, e.g. 1000000)
 #   PEERS="nsd knot"  which peers to run (subset allowed, or empty); add "hickory" for
 #                     hickory-server's own Server with a handler that does nothing
 #                     (benches/hickory_ceiling.rs): the framework's ceiling, not a peer
@@ -42,6 +46,7 @@ SERVICES="${SERVICES:-200}"
 INSTANCES="${INSTANCES:-5}"
 FILL_SERVICES="${FILL_SERVICES:-0}"
 FILL_INSTANCES="${FILL_INSTANCES:-5}"
+RRL_RATE="${RRL_RATE:-0}"
 QUERY_MIX="${QUERY_MIX:-srv=60,a=20,txt=10,nx=10}"
 CLIENTS="${CLIENTS:-8}"
 OUTSTANDING="${OUTSTANDING:-200}"
@@ -66,6 +71,7 @@ python3 "$BENCH_LIB_DIR/gen.py" "$IN" --services "$SERVICES" --instances "$INSTA
 declare -A PORT PID
 SERVERS=(koder)
 [[ $FILL_SERVICES -gt 0 ]] && SERVERS+=(koderfill)
+[[ $RRL_RATE -gt 0 ]] && SERVERS+=(koderrrl)
 for p in $PEERS; do
     case "$p" in
         nsd | knot | hickory) SERVERS+=("$p") ;;
@@ -88,6 +94,14 @@ if [[ -s $IN/fill.jsonl ]]; then
     register_jsonl "$IN/register.jsonl" "live instances (koder-dns+fill)" --procs 4
     log "registering $((FILL_SERVICES * FILL_INSTANCES)) filler instances (koder-dns+fill only)"
     register_jsonl "$IN/fill.jsonl" filler --procs 4 --conns 8
+fi
+
+if [[ $RRL_RATE -gt 0 ]]; then
+    PORT[koderrrl]="$(free_port)"
+    HTTP_PORT="$(free_port)"
+    KODER_NAME=koder-rrl start_koder "${PORT[koderrrl]}" "$HTTP_PORT" --dns-rrl-rate "$RRL_RATE"
+    PID[koderrrl]="$KODER_PID"
+    register_jsonl "$IN/register.jsonl" "live instances (koder-dns+rrl)" --procs 4
 fi
 
 for p in $PEERS; do
@@ -126,7 +140,7 @@ canon() {
 }
 canon "${PORT[koder]}" >"$BENCH_TMP/answers.koder"
 MISMATCH=0
-for p in ${PORT[koderfill]:+koderfill} $ANSWERING_PEERS; do
+for p in ${PORT[koderfill]:+koderfill} ${PORT[koderrrl]:+koderrrl} $ANSWERING_PEERS; do
     canon "${PORT[$p]}" >"$BENCH_TMP/answers.$p"
     if ! diff -u "$BENCH_TMP/answers.$p" "$BENCH_TMP/answers.koder" >"$BENCH_TMP/answers.diff.$p"; then
         MISMATCH=1
@@ -190,7 +204,7 @@ python3 - "$RESULTS" "$TCK" "$DURATION" <<'EOF'
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 tck, dur = float(sys.argv[2]), float(sys.argv[3])
-names = {"koder": "koder-dns", "koderfill": "koder+fill", "nsd": "NSD", "knot": "Knot DNS", "hickory": "hickory*"}
+names = {"koder": "koder-dns", "koderfill": "koder+fill", "koderrrl": "koder+rrl", "nsd": "NSD", "knot": "Knot DNS", "hickory": "hickory*"}
 by = {}
 for s, r, qps, lat, sent, lost, rsize, nx, ticks, drops in rows:
     by.setdefault(s, []).append(dict(qps=float(qps), lat=float(lat), sent=int(sent), lost=int(lost),
@@ -200,7 +214,7 @@ print()
 print(hdr)
 print("-" * len(hdr))
 med = {}
-for s in ["koder", "koderfill", "nsd", "knot", "hickory"]:
+for s in ["koder", "koderfill", "koderrrl", "nsd", "knot", "hickory"]:
     if s not in by:
         continue
     rs = by[s]
@@ -220,6 +234,8 @@ if peers and "koder" in med:
     print(f"ratio koder-dns / fastest peer ({names[best]}): {med['koder'] / peers[best]:.2f}  (median QPS)")
 if "koderfill" in med:
     print(f"ratio koder-dns+fill / koder-dns: {med['koderfill'] / med['koder']:.2f}  (median QPS)")
+if "koderrrl" in med:
+    print(f"ratio koder-dns+rrl / koder-dns: {med['koderrrl'] / med['koder']:.2f}  (median QPS; rate limiting on, no client over the rate)")
 if "hickory" in med:
     print(f"hickory* = hickory-server's Server with a handler that answers nothing (every query: empty NOERROR),"
           f" the framework's ceiling; koder-dns / hickory*: {med['koder'] / med['hickory']:.2f}")

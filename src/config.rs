@@ -100,7 +100,8 @@ fn workers(s: &str) -> Result<usize, String> {
 /// `--help` is the one the server runs with.
 macro_rules! settings {
     ($(
-        $name:ident: $ty:ty = $default:literal, $env:literal, $value_name:literal, $parse:path, $help:literal;
+        $name:ident: $ty:ty = $default:literal, $env:literal, $value_name:literal, $parse:path, $help:literal
+            $(, [$($clap:tt)*])?;
     )+) => {
         /// Everything `koder-dns serve` runs with, after all sources are merged.
         #[derive(Debug, Clone)]
@@ -132,6 +133,7 @@ with none, a key is generated into <data-dir>/api-key (mode 0600) and its path i
             $(
                 #[arg(long, env = $env, value_name = $value_name,
                       value_parser = |s: &str| -> Result<$ty, String> { $parse(s) },
+                      $($($clap)*,)?
                       help = concat!($help, " [default: ", $default, "]"))]
                 pub $name: Option<$ty>,
             )+
@@ -230,6 +232,20 @@ settings! {
         "Largest UDP response, advertised in our OPT record; 512-4096 (1232: DNS Flag Day 2020).";
     dns_identity: String = "auto", "KODER_DNS_DNS_IDENTITY", "TEXT", identity,
         "What CH TXT id.server./hostname.bind. and NSID answer; auto = the host name.";
+    dns_hide_version: bool = "false", "KODER_DNS_DNS_HIDE_VERSION", "BOOL", parsed,
+        "Refuse CH TXT version.bind./version.server. instead of answering koder-dns <version>.",
+        [num_args = 0..=1, default_missing_value = "true"];
+    dns_rrl_rate: u32 = "0", "KODER_DNS_DNS_RRL_RATE", "N", parsed,
+        "Response rate limiting over UDP: responses per second to one client network (a /24, an \
+         IPv6 /56), with bursts of 5 s worth; past it responses are dropped or slipped. 0 = off.";
+    dns_rrl_slip: u32 = "2", "KODER_DNS_DNS_RRL_SLIP", "N", parsed,
+        "Every N-th response over the rate is sent as an empty reply with TC, so a real client \
+         retries over TCP; 0 = drop them all, 1 = slip them all.";
+    dns_rrl_exempt: Networks = "none", "KODER_DNS_DNS_RRL_EXEMPT", "CIDRS", crate::dns::transfer::parse_allow,
+        "Addresses or CIDRs (comma-separated) never rate-limited: your own resolvers, monitoring, secondaries.";
+    dns_cookie_secret_file: MaybePath = "none", "KODER_DNS_DNS_COOKIE_SECRET_FILE", "FILE", optional_path,
+        "DNS cookie secret: 16 bytes in hex on the first line, optionally a second accepted beside it \
+         (for a rollover); nodes with one file accept each other's cookies. none = random at every start.";
     http_max_connections: usize = "1024", "KODER_DNS_HTTP_MAX_CONNECTIONS", "N", parsed,
         "HTTP connections open at once; more wait to be accepted.";
     http_max_connections_per_client: usize = "200", "KODER_DNS_HTTP_MAX_CONNECTIONS_PER_CLIENT", "N", parsed,
@@ -396,6 +412,15 @@ impl Config {
         }
         if self.dns_identity.is_empty() || self.dns_identity.len() > 255 {
             bail!("--dns-identity must be 1-255 bytes (one TXT string)");
+        }
+        if self.dns_rrl_rate > crate::dns::rrl::MAX_RATE {
+            bail!(
+                "--dns-rrl-rate must be at most {} responses per second (0 = off)",
+                crate::dns::rrl::MAX_RATE
+            );
+        }
+        if let Some(path) = &self.dns_cookie_secret_file {
+            crate::dns::cookie::Secrets::load(path).map_err(|e| anyhow::anyhow!("--dns-cookie-secret-file: {e}"))?;
         }
         if let Some(path) = &self.drift_reference {
             crate::export::drift::load_reference(path).map_err(|e| anyhow::anyhow!("--drift-reference: {e}"))?;

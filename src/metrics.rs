@@ -204,6 +204,8 @@ const TRANSPORTS: [&str; 3] = ["udp", "tcp", "tls"];
 struct DnsBlock {
     replies: [[[AtomicU64; RCODES.len()]; QTYPES.len()]; TRANSPORTS.len()],
     truncated: [AtomicU64; TRANSPORTS.len()],
+    /// Responses over the rate: dropped, slipped.
+    rate_limited: [AtomicU64; 2],
 }
 
 impl DnsBlock {
@@ -211,6 +213,7 @@ impl DnsBlock {
         Self {
             replies: std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0)))),
             truncated: std::array::from_fn(|_| AtomicU64::new(0)),
+            rate_limited: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -238,16 +241,28 @@ pub fn dns_reply(transport: Transport, reply: &[u8]) {
     let truncated = reply[2] & 0x02 != 0;
     let qtype = question_type(reply).unwrap_or(0);
     let q = QTYPES.iter().position(|&(t, _)| t == qtype).unwrap_or(QTYPES.len() - 1);
-    DNS_BLOCK.with(|cell| {
-        let block = cell.get_or_init(|| {
-            let block = Arc::new(DnsBlock::new());
-            DNS_BLOCKS.lock().push(block.clone());
-            block
-        });
+    with_dns_block(|block| {
         bump(&block.replies[transport as usize][q][rcode]);
         if truncated {
             bump(&block.truncated[transport as usize]);
         }
+    });
+}
+
+/// Counts one UDP response over `--dns-rrl-rate`: dropped, or `slipped` (an empty TC
+/// reply went instead). Neither counts as a query answered.
+pub fn rate_limited(slipped: bool) {
+    with_dns_block(|block| bump(&block.rate_limited[slipped as usize]));
+}
+
+/// `f` on this thread's DNS counters.
+fn with_dns_block(f: impl FnOnce(&DnsBlock)) {
+    DNS_BLOCK.with(|cell| {
+        f(cell.get_or_init(|| {
+            let block = Arc::new(DnsBlock::new());
+            DNS_BLOCKS.lock().push(block.clone());
+            block
+        }))
     });
 }
 
@@ -372,7 +387,11 @@ impl Collector for DnsCollector {
         let blocks = DNS_BLOCKS.lock().clone();
         let mut replies = [[[0u64; RCODES.len()]; QTYPES.len()]; TRANSPORTS.len()];
         let mut truncated = [0u64; TRANSPORTS.len()];
+        let mut rate_limited = [0u64; 2];
         for block in &blocks {
+            for (sum, n) in rate_limited.iter_mut().zip(&block.rate_limited) {
+                *sum += n.load(Ordering::Relaxed);
+            }
             for (t, per_type) in block.replies.iter().enumerate() {
                 for (q, per_rcode) in per_type.iter().enumerate() {
                     for (r, n) in per_rcode.iter().enumerate() {
@@ -411,6 +430,21 @@ impl Collector for DnsCollector {
         )?;
         for (t, &n) in truncated.iter().enumerate() {
             ConstCounter::new(n).encode(family.encode_family(&[("transport", TRANSPORTS[t])])?)?;
+        }
+        for (name, help, n) in [
+            (
+                "rrl_dropped",
+                "UDP responses over --dns-rrl-rate, dropped",
+                rate_limited[0],
+            ),
+            (
+                "rrl_slipped",
+                "UDP responses over --dns-rrl-rate sent as an empty reply with TC instead (every --dns-rrl-slip-th)",
+                rate_limited[1],
+            ),
+        ] {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(n).encode(family)?;
         }
         Ok(())
     }

@@ -168,7 +168,18 @@ pub async fn start_from(config: Config, args: Option<ServeArgs>, clock: Arc<dyn 
         negative_ttl: config.negative_ttl.as_secs() as u32,
         ns_address: dns::ns_address(dns_addr),
     };
+    let cookies = match &config.dns_cookie_secret_file {
+        Some(path) => dns::cookie::Secrets::load(path).map_err(|e| anyhow::anyhow!("--dns-cookie-secret-file: {e}"))?,
+        None => dns::cookie::Secrets::default(),
+    };
     let wire = dns::WireSettings {
+        cookies,
+        hide_version: config.dns_hide_version,
+        rrl: dns::rrl::Settings {
+            rate: config.dns_rrl_rate,
+            slip: config.dns_rrl_slip,
+            exempt: config.dns_rrl_exempt.clone(),
+        },
         udp_max_payload: config.dns_udp_max_payload,
         identity: config.dns_identity.clone(),
         transfer: dns::transfer::TransferSettings {

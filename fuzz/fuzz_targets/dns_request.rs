@@ -155,7 +155,7 @@ fn sorted(records: &[Record]) -> Vec<String> {
 /// Whatever the fast path answers, the full path answers the same way.
 fn same_as_full_path(world: &World, data: &[u8], src: SocketAddr, protocol: Protocol) {
     let mut fast = Vec::new();
-    if !handle_prepared(&world.authority, data, protocol, &mut fast) {
+    if !handle_prepared(&world.authority, data, src, protocol, &mut fast) {
         return;
     }
     let mut full = Vec::new();
@@ -195,7 +195,7 @@ fn same_as_full_path(world: &World, data: &[u8], src: SocketAddr, protocol: Prot
         );
         let mut tcp = Vec::new();
         assert!(
-            handle_prepared(&world.authority, data, Protocol::Tcp, &mut tcp),
+            handle_prepared(&world.authority, data, src, Protocol::Tcp, &mut tcp),
             "{protocol:?}: a cut fast answer without a whole one"
         );
         let whole = sorted(&Message::from_vec(&tcp).expect("fast TCP reply decodes").answers);

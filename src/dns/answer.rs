@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-
+use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::rdata::HINFO;
 use hickory_proto::rr::{LowerName, Name, RData, Record, RecordType};
 
@@ -64,58 +64,110 @@ fn records(owner: &Name, ttl: u32, rdatas: impl IntoIterator<Item = RData>) -> V
         .collect()
 }
 
+/// What a name of the zone is, for one query type: told from the name alone (and, for
+/// `_<protocol>`, whether any service answers on it), before any record is built.
+enum Shape<'a> {
+    NxDomain,
+    NoData,
+    Soa,
+    Ns,
+    Any,
+    Address(IpAddr),
+    /// `<name>` or `_<name>._<protocol>`: the registry answers.
+    Service(&'a [u8], Option<&'a [u8]>),
+}
+
 impl ZoneAnswerer {
+    fn shape<'a>(&self, qname: &'a LowerName, qtype: RecordType, now: Nanos) -> Shape<'a> {
+        let zone = self.registry.zone();
+        let mut labels = qname.iter();
+        let depth = zone.depth(qname);
+        let first = labels.next();
+        let second = labels.next();
+        let address = |ip: IpAddr| match qtype {
+            RecordType::A if ip.is_ipv4() => Shape::Address(ip),
+            RecordType::AAAA if ip.is_ipv6() => Shape::Address(ip),
+            RecordType::ANY => Shape::Any,
+            _ => Shape::NoData,
+        };
+        match (depth, first, second) {
+            (0, ..) => match qtype {
+                RecordType::SOA => Shape::Soa,
+                RecordType::NS => Shape::Ns,
+                RecordType::ANY => Shape::Any,
+                _ => Shape::NoData,
+            },
+            (1, Some(b"ns"), _) => address(self.ns_address),
+            // `addr.<zone>` is an empty non-terminal: it exists, with nothing of its own.
+            (1, Some(b"addr"), _) => Shape::NoData,
+            (2, Some(hex), Some(b"addr")) => match parse_addr_label(hex) {
+                None => Shape::NxDomain,
+                Some(ip) => address(ip),
+            },
+            // `_<protocol>.<zone>`: the empty non-terminal above `_<name>._<protocol>.<zone>`.
+            (1, Some(label), _) if label.starts_with(b"_") => match std::str::from_utf8(&label[1..]) {
+                Ok(protocol) if self.registry.protocol_answerable(protocol, now) => Shape::NoData,
+                _ => Shape::NxDomain,
+            },
+            (1, Some(service), _) => Shape::Service(service, None),
+            (2, Some(service), Some(protocol)) => match (service.strip_prefix(b"_"), protocol.strip_prefix(b"_")) {
+                (Some(service), Some(protocol)) => Shape::Service(service, Some(protocol)),
+                _ => Shape::NxDomain,
+            },
+            _ => Shape::NxDomain,
+        }
+    }
+
     /// `qname` must be inside the zone; `owner` is the question's name as asked, so answers
     /// echo the client's letter case (resolvers using 0x20 randomisation check it).
     pub fn answer(&self, qname: &LowerName, owner: &Name, qtype: RecordType) -> Answer {
-        let zone = self.registry.zone();
-        let labels: Vec<&[u8]> = qname.iter().take(zone.depth(qname)).collect();
         let now = self.registry.now();
-        match labels.as_slice() {
-            [] => match qtype {
-                RecordType::SOA => Answer::Records {
-                    answers: vec![self.soa_as(owner)],
-                    additionals: vec![],
-                },
-                RecordType::NS => Answer::Records {
+        match self.shape(qname, qtype, now) {
+            Shape::NxDomain => Answer::NxDomain,
+            Shape::NoData => Answer::NoData,
+            Shape::Soa => Answer::Records {
+                answers: vec![self.soa_as(owner)],
+                additionals: vec![],
+            },
+            Shape::Ns => {
+                let zone = self.registry.zone();
+                Answer::Records {
                     answers: vec![Record::from_rdata(owner.clone(), NS_TTL, zone.ns_record(NS_TTL).data)],
                     additionals: vec![Record::from_rdata(
                         zone.ns.clone(),
                         NS_TTL,
                         address_rdata(self.ns_address),
                     )],
-                },
-                RecordType::ANY => minimal_any(owner),
-                _ => Answer::NoData,
-            },
-            [b"ns"] => match qtype {
-                RecordType::A if self.ns_address.is_ipv4() => self.address_answer(owner, self.ns_address),
-                RecordType::AAAA if self.ns_address.is_ipv6() => self.address_answer(owner, self.ns_address),
-                RecordType::ANY => minimal_any(owner),
-                _ => Answer::NoData,
-            },
-            // `addr.<zone>` is an empty non-terminal: it exists, with nothing of its own.
-            [b"addr"] => Answer::NoData,
-            [hex, b"addr"] => match parse_addr_label(hex) {
-                None => Answer::NxDomain,
-                Some(ip) => match qtype {
-                    RecordType::A if ip.is_ipv4() => self.address_answer(owner, ip),
-                    RecordType::AAAA if ip.is_ipv6() => self.address_answer(owner, ip),
-                    RecordType::ANY => minimal_any(owner),
-                    _ => Answer::NoData,
-                },
-            },
-            // `_<protocol>.<zone>`: the empty non-terminal above `_<name>._<protocol>.<zone>`.
-            [label] if label.starts_with(b"_") => match std::str::from_utf8(&label[1..]) {
-                Ok(protocol) if self.registry.protocol_answerable(protocol, now) => Answer::NoData,
-                _ => Answer::NxDomain,
-            },
-            [service] => self.service_answer(service, None, owner, qtype, now),
-            [service, protocol] => match (service.strip_prefix(b"_"), protocol.strip_prefix(b"_")) {
-                (Some(service), Some(protocol)) => self.service_answer(service, Some(protocol), owner, qtype, now),
-                _ => Answer::NxDomain,
-            },
-            [..] => Answer::NxDomain,
+                }
+            }
+            Shape::Any => minimal_any(owner),
+            Shape::Address(ip) => self.address_answer(owner, ip),
+            Shape::Service(service, protocol) => self.service_answer(service, protocol, owner, qtype, now),
+        }
+    }
+
+    /// The negative answer [`Self::answer`] gives (NXDOMAIN, or NOERROR for NODATA), told
+    /// without building a record; `None` when it has records. The fast path answers
+    /// negatives itself and leaves the rest to the full path, which builds them once.
+    pub fn negative(&self, qname: &LowerName, qtype: RecordType) -> Option<ResponseCode> {
+        let now = self.registry.now();
+        match self.shape(qname, qtype, now) {
+            Shape::NxDomain => Some(ResponseCode::NXDomain),
+            Shape::NoData => Some(ResponseCode::NoError),
+            Shape::Service(service, protocol) => {
+                let alive = std::str::from_utf8(service).ok().and_then(|service| {
+                    self.registry.with_view(service, |view| {
+                        view.answerable(now)
+                            .any(|m| protocol.is_none_or(|p| m.protocol.as_bytes() == p))
+                    })
+                });
+                match alive {
+                    Some(true) if service_types(qtype) => None,
+                    Some(true) => Some(ResponseCode::NoError),
+                    _ => Some(ResponseCode::NXDomain),
+                }
+            }
+            Shape::Soa | Shape::Ns | Shape::Any | Shape::Address(_) => None,
         }
     }
 
@@ -179,16 +231,79 @@ impl ZoneAnswerer {
         }
         // Shuffled so that load spreads.
         fastrand::shuffle(&mut members);
-        let ttl = Lease::ttl_at(earliest(&members), now, self.dns_ttl);
-        service_records(
-            self.registry.zone(),
-            &self.host_addresses.load(),
-            &members,
-            owner,
-            qtype,
-            protocol.is_some(),
-            ttl,
-        )
+        self.records_of(&members, owner, qtype, protocol.is_some(), now).answer
+    }
+
+    /// The records answering `qtype` at a service name from `members` (see
+    /// [`service_records`]), with the addresses of SRV targets that are host names in a zone
+    /// we serve added to the additional section.
+    fn records_of(
+        &self,
+        members: &[Arc<Member>],
+        owner: &Name,
+        qtype: RecordType,
+        srv_name: bool,
+        now: Nanos,
+    ) -> Built {
+        let zone = self.registry.zone();
+        let mut earliest = earliest(members);
+        let ttl = Lease::ttl_at(earliest, now, self.dns_ttl);
+        let mut in_zone = false;
+        // The longest TTL of a record whose lease can end: a prepared answer is good until
+        // that TTL would reach past the earliest lease.
+        let mut longest = ttl;
+        let answer = service_records(zone, members, owner, qtype, srv_name, ttl, &mut |host| {
+            let (records, until) = self.host_addresses(host, now);
+            in_zone |= zone.origin_lower.zone_of(&LowerName::new(host));
+            if until != NEVER {
+                earliest = earliest.min(until);
+                longest = records.iter().map(|r| r.ttl).fold(longest, u32::max);
+            }
+            records
+        });
+        Built {
+            answer,
+            ttl: longest,
+            earliest,
+            in_zone,
+        }
+    }
+
+    /// The addresses of `host`, an SRV target that is a host name, where it is a name in a
+    /// zone we serve, as NSD and Knot add them: a static zone's A and AAAA records, or what
+    /// the service zone answers for it (another service's instances, `ns.`, a `<hex>.addr`
+    /// name). Also the earliest lease they come from.
+    fn host_addresses(&self, host: &Name, now: Nanos) -> (Vec<Record>, Nanos) {
+        let name = LowerName::new(host);
+        if let Some(records) = self.host_addresses.load().get(&name) {
+            return (records.clone(), NEVER);
+        }
+        if !self.registry.zone().origin_lower.zone_of(&name) {
+            return (Vec::new(), NEVER);
+        }
+        let mut out = Vec::new();
+        let mut until = NEVER;
+        for qtype in [RecordType::A, RecordType::AAAA] {
+            match self.shape(&name, qtype, now) {
+                Shape::Address(ip) => out.push(Record::from_rdata(host.clone(), NS_TTL, address_rdata(ip))),
+                Shape::Service(service, None) => {
+                    let Some(view) = std::str::from_utf8(service).ok().and_then(|s| self.registry.view(s)) else {
+                        continue;
+                    };
+                    let members = self.answerable(&view, None, now);
+                    let first = earliest(&members);
+                    let ttl = Lease::ttl_at(first, now, self.dns_ttl);
+                    if let Answer::Records { answers, .. } =
+                        service_records(self.registry.zone(), &members, host, qtype, false, ttl, &mut |_| vec![])
+                    {
+                        out.extend(answers);
+                        until = until.min(first);
+                    }
+                }
+                _ => {}
+            }
+        }
+        (out, until)
     }
 
     /// Drops the answers prepared so far, for what they were prepared with changed (the
@@ -203,10 +318,7 @@ impl ZoneAnswerer {
     /// `qname` is a service name with instances that DNS may hand out (a NODATA answer is
     /// prepared too, without records). Everything else takes [`Self::answer`].
     pub fn prepared<R>(&self, qname: &LowerName, qtype: RecordType, f: impl FnOnce(&Prepared) -> R) -> Option<R> {
-        if !matches!(
-            qtype,
-            RecordType::SRV | RecordType::A | RecordType::AAAA | RecordType::TXT
-        ) {
+        if !service_types(qtype) || qtype == RecordType::ANY {
             return None;
         }
         let mut labels = qname.iter();
@@ -222,10 +334,10 @@ impl ZoneAnswerer {
         // so a view found here is exactly a `[service]` or `[_service, _protocol]` name.
         let service = std::str::from_utf8(service).ok()?;
         let now = self.registry.now();
-        let f = match self
-            .registry
-            .with_view(service, |view| view.prepared.current(qtype, protocol, now, f))?
-        {
+        let view_changes = || self.registry.view_changes();
+        let f = match self.registry.with_view(service, |view| {
+            view.prepared.current(qtype, protocol, now, view_changes, f)
+        })? {
             Ok(answered) => return Some(answered),
             Err(f) => f,
         };
@@ -249,17 +361,10 @@ impl ZoneAnswerer {
             return None;
         }
         let owner = Name::from(qname);
-        let earliest = earliest(&members);
-        let ttl = Lease::ttl_at(earliest, now, self.dns_ttl);
-        let (answers, additionals) = match service_records(
-            self.registry.zone(),
-            &self.host_addresses.load(),
-            &members,
-            &owner,
-            qtype,
-            protocol.is_some(),
-            ttl,
-        ) {
+        // Read first: a change after it makes the answer stale, never the other way round.
+        let view_changes = self.registry.view_changes();
+        let built = self.records_of(&members, &owner, qtype, protocol.is_some(), now);
+        let (answers, additionals) = match built.answer {
             Answer::Records { answers, additionals } => (answers, additionals),
             _ => Default::default(),
         };
@@ -267,8 +372,9 @@ impl ZoneAnswerer {
             Asked {
                 owner,
                 qtype,
-                ttl,
-                earliest,
+                ttl: built.ttl,
+                earliest: built.earliest,
+                view_changes: built.in_zone.then_some(view_changes),
             },
             &answers,
             &additionals,
@@ -307,12 +413,12 @@ impl ZoneAnswerer {
         for qtype in [RecordType::A, RecordType::AAAA, RecordType::TXT] {
             take(service_records(
                 zone,
-                &self.host_addresses.load(),
                 &members,
                 &owner,
                 qtype,
                 false,
                 self.dns_ttl,
+                &mut |_| vec![],
             ));
         }
         let mut protocols: Vec<&str> = members.iter().map(|m| &*m.protocol).collect();
@@ -329,12 +435,12 @@ impl ZoneAnswerer {
             for qtype in [RecordType::SRV, RecordType::TXT] {
                 take(service_records(
                     zone,
-                    &self.host_addresses.load(),
                     &of,
                     &srv_owner,
                     qtype,
                     true,
                     self.dns_ttl,
+                    &mut |_| vec![],
                 ));
             }
         }
@@ -366,16 +472,35 @@ fn earliest(members: &[Arc<Member>]) -> Nanos {
     members.iter().map(|m| m.lease.deadline()).min().unwrap_or(NEVER)
 }
 
+/// What [`ZoneAnswerer::records_of`] built: the answer, the longest TTL of its records that
+/// follow leases, the earliest lease it depends on, and whether it holds addresses of names
+/// in the service zone.
+struct Built {
+    answer: Answer,
+    ttl: u32,
+    earliest: Nanos,
+    in_zone: bool,
+}
+
+/// Whether a live service name may have records of `qtype`.
+fn service_types(qtype: RecordType) -> bool {
+    matches!(
+        qtype,
+        RecordType::SRV | RecordType::A | RecordType::AAAA | RecordType::TXT | RecordType::ANY
+    )
+}
+
 /// The records answering `qtype` at a service name from `members`, in their order:
-/// `srv_name` tells `_<name>._<protocol>` from `<name>`.
+/// `srv_name` tells `_<name>._<protocol>` from `<name>`. An SRV target that is a host name
+/// gets what `host_glue` gives for it in the additional section.
 fn service_records(
     zone: &ZoneNames,
-    host_addresses: &HashMap<LowerName, Vec<Record>>,
     members: &[Arc<Member>],
     owner: &Name,
     qtype: RecordType,
     srv_name: bool,
     ttl: u32,
+    host_glue: &mut dyn FnMut(&Name) -> Vec<Record>,
 ) -> Answer {
     let answers = match (qtype, srv_name) {
         (RecordType::SRV, true) => {
@@ -393,11 +518,8 @@ fn service_records(
                         }
                     }
                     None => {
-                        let host = LowerName::new(&target);
-                        if let Some(records) = host_addresses.get(&host)
-                            && hosts.insert(host)
-                        {
-                            additionals.extend(records.iter().cloned());
+                        if hosts.insert(LowerName::new(&target)) {
+                            additionals.extend(host_glue(&target));
                         }
                     }
                 }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use hickory_proto::op::{Edns, Header, Message, MessageType, Metadata, OpCode, Query, ResponseCode};
-use hickory_proto::rr::{Record, RecordType};
+use hickory_proto::rr::Record;
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncoder};
 use hickory_server::net::NetError;
 use hickory_server::net::runtime::TokioTime;
@@ -15,6 +15,7 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 use hickory_server::zone_handler::MessageResponse;
 use parking_lot::Mutex;
 
+use super::cookie;
 use super::tsig::{self, Verdict};
 use super::{Authority, response_limit};
 
@@ -53,18 +54,68 @@ impl ResponseHandler for Reply {
 }
 
 /// What the fast path needs of a plain query (opcode aside): its header, its one question
-/// and its OPT record if any. Read with hickory's decoders, without building a `Request`.
+/// and its OPT record if any. Read with hickory's decoders for the header and question, and
+/// by hand for the OPT record, without building a `Request` or allocating.
 pub(super) struct Question<'a> {
     pub metadata: Metadata,
     pub query: Query,
     /// The question's bytes as the client sent them.
     pub raw: &'a [u8],
-    pub edns: Option<Edns>,
+    pub edns: Option<QueryOpt<'a>>,
+}
+
+/// A query's OPT record (RFC 6891), as far as answering needs it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct QueryOpt<'a> {
+    /// The client's UDP buffer.
+    pub max_payload: u16,
+    pub version: u8,
+    pub dnssec_ok: bool,
+    /// Whether it asks for NSID (RFC 5001).
+    pub nsid: bool,
+    /// The COOKIE option, `Some(None)` when it is malformed (see [`cookie::Sent::parse`])
+    /// or there are two.
+    pub cookie: Option<Option<cookie::Sent<'a>>>,
+}
+
+impl<'a> QueryOpt<'a> {
+    /// The OPT record at the start of `record`: root owner, type OPT, then the rest.
+    /// `None` for anything else, or options that do not add up to its length.
+    fn read(record: &'a [u8]) -> Option<Self> {
+        let [0, 0, 41, p0, p1, _rcode, version, flags, _, l0, l1, ref options @ ..] = *record else {
+            return None;
+        };
+        let options = options.get(..usize::from(u16::from_be_bytes([l0, l1])))?;
+        let mut opt = Self {
+            max_payload: u16::from_be_bytes([p0, p1]),
+            version,
+            dnssec_ok: flags & 0x80 != 0,
+            nsid: false,
+            cookie: None,
+        };
+        let mut rest = options;
+        while let [c0, c1, n0, n1, ref tail @ ..] = *rest {
+            let len = usize::from(u16::from_be_bytes([n0, n1]));
+            let data = tail.get(..len)?;
+            match u16::from_be_bytes([c0, c1]) {
+                3 => opt.nsid = true,
+                cookie::CODE => {
+                    opt.cookie = Some(match opt.cookie {
+                        None => cookie::Sent::parse(data),
+                        Some(_) => None,
+                    })
+                }
+                _ => {}
+            }
+            rest = &tail[len..];
+        }
+        rest.is_empty().then_some(opt)
+    }
 }
 
 impl<'a> Question<'a> {
     /// `None` for anything but one question and at most an OPT record: the full parse takes those.
-    fn read(message: &'a [u8]) -> Option<Self> {
+    pub(super) fn read(message: &'a [u8]) -> Option<Self> {
         let mut decoder = BinDecoder::new(message);
         let Header { metadata, counts } = Header::read(&mut decoder).ok()?;
         if metadata.message_type != MessageType::Query
@@ -75,18 +126,14 @@ impl<'a> Question<'a> {
         }
         let start = decoder.index();
         let query = Query::read(&mut decoder).ok()?;
-        let raw = &message[start..decoder.index()];
+        let end = decoder.index();
+        let raw = &message[start..end];
         if raw.len() != written_out(query.name().iter()) + 4 {
             return None;
         }
         let edns = match counts.additionals {
             0 => None,
-            _ => Some(
-                Record::read(&mut decoder)
-                    .ok()
-                    .filter(|r| r.record_type() == RecordType::OPT)
-                    .map(|r| Edns::from(&r))?,
-            ),
+            _ => Some(QueryOpt::read(&message[end..])?),
         };
         Some(Self {
             metadata,
@@ -108,8 +155,28 @@ fn written_out<'a>(labels: impl Iterator<Item = &'a [u8]>) -> usize {
 /// The fast path alone: answers `message` from prepared bytes into `out` when it can,
 /// synchronously (a miss prepares the answer first). False means [`handle_full`] must
 /// answer it.
-pub fn handle_prepared(authority: &Authority, message: &[u8], protocol: Protocol, out: &mut Vec<u8>) -> bool {
-    Question::read(message).is_some_and(|question| authority.write_prepared(&question, protocol, out))
+pub fn handle_prepared(
+    authority: &Authority,
+    message: &[u8],
+    src: SocketAddr,
+    protocol: Protocol,
+    out: &mut Vec<u8>,
+) -> bool {
+    Question::read(message).is_some_and(|question| authority.write_prepared(&question, src, protocol, out))
+}
+
+/// The reply that response rate limiting sends in place of an answer now and then (see
+/// [`super::rrl`]): the question, TC set, no records, and the OPT record with a server
+/// cookie, so that a real client retries over TCP or with the cookie. False for a message
+/// that is not a plain query: that one is dropped.
+pub fn slip(authority: &Authority, message: &[u8], src: SocketAddr, out: &mut Vec<u8>) -> bool {
+    let Some(question) = Question::read(message) else {
+        return false;
+    };
+    let mut metadata = Metadata::response_from_request(&question.metadata);
+    metadata.truncation = true;
+    let opt = authority.reply_opt(question.edns, src);
+    crate::zone::prepared::write_bare(metadata, question.raw, opt, out)
 }
 
 /// Answers one raw DNS message the way the servers do: responses (QR=1) get no reply,
@@ -122,7 +189,7 @@ pub async fn handle_bytes(
     protocol: Protocol,
     out: &mut Vec<u8>,
 ) -> bool {
-    handle_prepared(authority, message, protocol, out) || handle_full(authority, message, src, protocol, out).await
+    handle_prepared(authority, message, src, protocol, out) || handle_full(authority, message, src, protocol, out).await
 }
 
 /// [`handle_bytes`] without the fast path: the whole request parsed and answered through
@@ -165,7 +232,8 @@ pub async fn handle_full(
         }
         Ok(request) => {
             let now = tsig::now();
-            let mut signing = match authority.tsig().verify(message, now) {
+            let (edns, _) = authority.full_reply_edns(request.edns.as_ref(), src.ip());
+            let mut signing = match authority.tsig().verify(message, now, edns.as_ref()) {
                 Verdict::Rejected(reply) => {
                     *out = reply;
                     return true;
@@ -175,7 +243,7 @@ pub async fn handle_full(
             };
             let limit = response_limit(
                 request.protocol(),
-                request.edns.as_ref(),
+                request.edns.as_ref().map(Edns::max_payload),
                 authority.0.wire.udp_max_payload,
             );
             // Room for the TSIG record a signed reply ends with.

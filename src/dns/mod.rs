@@ -3,9 +3,11 @@
 //! response types), and static zone files answered by hickory's Catalog.
 
 pub mod answer;
+pub mod cookie;
 pub mod journal;
 mod message;
 pub mod notify;
+pub mod rrl;
 pub mod tcp;
 pub mod transfer;
 pub mod tsig;
@@ -15,7 +17,7 @@ pub mod udp;
 pub mod zones;
 
 use message::Question;
-pub use message::{handle_bytes, handle_full, handle_prepared};
+pub use message::{handle_bytes, handle_full, handle_prepared, slip};
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -53,6 +55,12 @@ pub struct WireSettings {
     /// that an operator of several nodes can tell which one answered.
     pub identity: String,
     pub transfer: transfer::TransferSettings,
+    /// The secrets of server cookies (`--dns-cookie-secret-file`, else random).
+    pub cookies: cookie::Secrets,
+    /// `--dns-hide-version`: `CH TXT version.bind.`/`version.server.` get REFUSED.
+    pub hide_version: bool,
+    /// Response rate limiting over UDP (`--dns-rrl-*`).
+    pub rrl: rrl::Settings,
 }
 
 impl Default for WireSettings {
@@ -61,6 +69,9 @@ impl Default for WireSettings {
             udp_max_payload: DEFAULT_UDP_MAX_PAYLOAD,
             identity: host_name(),
             transfer: transfer::TransferSettings::default(),
+            cookies: cookie::Secrets::default(),
+            hide_version: false,
+            rrl: rrl::Settings::default(),
         }
     }
 }
@@ -79,9 +90,25 @@ fn wants_nsid(edns: &Edns) -> bool {
     edns.option(EdnsCode::NSID).is_some()
 }
 
+/// The COOKIE option of an EDNS request; `Err` when it is malformed or repeated, which
+/// FORMERR answers (RFC 7873 §5.2.2).
+fn request_cookie(edns: &Edns) -> Result<Option<cookie::Sent<'_>>, ()> {
+    let mut cookies = edns.options().options.iter().filter_map(|(_, option)| match option {
+        EdnsOption::Unknown(cookie::CODE, data) => Some(data),
+        _ => None,
+    });
+    match (cookies.next(), cookies.next()) {
+        (None, _) => Ok(None),
+        (Some(data), None) => cookie::Sent::parse(data).map(Some).ok_or(()),
+        _ => Err(()),
+    }
+}
+
 /// The OPT record of a response to an EDNS request: version 0, advertising what we send at
-/// most, the request's DO bit copied (RFC 3225 §3), and NSID when asked for.
-fn response_edns(request: &Edns, wire: &WireSettings) -> Edns {
+/// most, the request's DO bit copied (RFC 3225 §3), NSID when asked for, and the COOKIE
+/// option for a request that carried a client cookie (`cookie`, from
+/// [`cookie::Secrets::reply`]).
+fn response_edns(request: &Edns, wire: &WireSettings, cookie: Option<cookie::ReplyCookie>) -> Edns {
     let mut edns = Edns::new();
     edns.set_max_payload(wire.udp_max_payload)
         .set_version(0)
@@ -90,6 +117,10 @@ fn response_edns(request: &Edns, wire: &WireSettings) -> Edns {
         && let Ok(nsid) = NSIDPayload::new(wire.identity.as_bytes())
     {
         edns.options_mut().insert(EdnsOption::NSID(nsid));
+    }
+    if let Some(cookie) = cookie {
+        edns.options_mut()
+            .insert(EdnsOption::Unknown(cookie::CODE, cookie.to_vec()));
     }
     edns
 }
@@ -110,6 +141,8 @@ struct Zones {
     soa_tail: SoaTail,
     wire: WireSettings,
     journal: journal::Journal,
+    /// `None` with `--dns-rrl-rate 0`.
+    rate_limiter: Option<rrl::RateLimiter>,
 }
 
 impl Authority {
@@ -122,6 +155,7 @@ impl Authority {
             tsig: ArcSwap::default(),
             soa_tail: SoaTail::default(),
             journal: journal::Journal::new(wire.transfer.journal),
+            rate_limiter: rrl::RateLimiter::new(&wire.rrl),
             wire,
         }))
     }
@@ -158,6 +192,21 @@ impl Authority {
     /// The service zone's origin.
     pub fn origin(&self) -> hickory_proto::rr::Name {
         self.0.zone.registry.zone().origin.clone()
+    }
+
+    /// The response rate limiter, when `--dns-rrl-rate` is on.
+    pub(crate) fn rate_limiter(&self) -> Option<&rrl::RateLimiter> {
+        self.0.rate_limiter.as_ref()
+    }
+
+    /// Whether `message`, from `ip`, carries a server cookie of ours that is valid now:
+    /// then its source is not forged, and rate limiting lets it through.
+    pub(crate) fn has_valid_cookie(&self, message: &[u8], ip: IpAddr) -> bool {
+        let sent = match message::Question::read(message) {
+            Some(question) => question.edns.and_then(|e| e.cookie.flatten()),
+            None => None,
+        };
+        sent.is_some_and(|sent| self.0.wire.cookies.is_valid(&sent, ip, cookie::now()))
     }
 }
 
@@ -229,37 +278,82 @@ fn fit(
     (n_answers, additionals.iter().take_while(|r| fits(&mut enc, r)).count())
 }
 
-/// The largest response a request may get: over UDP its EDNS buffer (512 bytes without
-/// EDNS, at most `udp_max_payload`), over TCP what the length prefix allows.
-fn response_limit(protocol: Protocol, edns: Option<&Edns>, udp_max_payload: u16) -> usize {
+/// The largest response a request may get: over UDP its EDNS buffer (`client_payload`;
+/// 512 bytes without EDNS, at most `udp_max_payload`), over TCP what the length prefix allows.
+fn response_limit(protocol: Protocol, client_payload: Option<u16>, udp_max_payload: u16) -> usize {
     match protocol {
-        Protocol::Udp => edns.map_or(512, |e| e.max_payload().clamp(512, udp_max_payload)) as usize,
+        Protocol::Udp => client_payload.map_or(512, |p| p.clamp(512, udp_max_payload)) as usize,
         _ => u16::MAX as usize,
     }
 }
 
-/// The class a question is answered in: ANY as IN, as NSD and Knot do.
+/// The class a question is answered in: ANY as IN, as NSD and Knot do, and with AA as
+/// Knot and BIND answer it.
 fn answered_as_in(class: DNSClass) -> bool {
     matches!(class, DNSClass::IN | DNSClass::ANY)
 }
 
-/// Whether `name` asks for the server's identity in class CH: `id.server.` or
-/// `hostname.bind.`.
-fn is_identity_name(name: &LowerName) -> bool {
+/// What a question in class CH asks of the server itself, as NSD and Knot answer it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Chaos {
+    /// `id.server.` or `hostname.bind.`: `--dns-identity`.
+    Identity,
+    /// `version.server.` or `version.bind.`: `koder-dns <version>`.
+    Version,
+}
+
+/// Which of the server's own names `name` is, in class CH.
+fn chaos_name(name: &LowerName) -> Option<Chaos> {
     let mut labels = name.iter();
-    matches!(
-        (labels.next(), labels.next(), labels.next()),
-        (Some(a), Some(b), None)
-            if (a.eq_ignore_ascii_case(b"id") && b.eq_ignore_ascii_case(b"server"))
-                || (a.eq_ignore_ascii_case(b"hostname") && b.eq_ignore_ascii_case(b"bind"))
-    )
+    let (Some(a), Some(b), None) = (labels.next(), labels.next(), labels.next()) else {
+        return None;
+    };
+    let is = |x: &[u8], y: &str| x.eq_ignore_ascii_case(y.as_bytes());
+    match () {
+        _ if (is(a, "id") && is(b, "server")) || (is(a, "hostname") && is(b, "bind")) => Some(Chaos::Identity),
+        _ if is(a, "version") && (is(b, "server") || is(b, "bind")) => Some(Chaos::Version),
+        _ => None,
+    }
+}
+
+/// What `CH TXT version.bind.` answers.
+fn version_text() -> String {
+    format!("koder-dns {}", env!("CARGO_PKG_VERSION"))
 }
 
 impl Authority {
+    /// The OPT record of the reply to a query with `edns` from `src`, for the fast path.
+    fn reply_opt(&self, edns: Option<message::QueryOpt<'_>>, src: SocketAddr) -> Option<Opt> {
+        let wire = &self.0.wire;
+        edns.map(|e| Opt {
+            max_payload: wire.udp_max_payload,
+            dnssec_ok: e.dnssec_ok,
+            cookie: e
+                .cookie
+                .flatten()
+                .map(|sent| wire.cookies.reply(&sent, src.ip(), cookie::now()).0),
+        })
+    }
+
+    /// The OPT record of the reply to a request with `edns` from `ip`, for the full path;
+    /// and whether its COOKIE option is malformed (FORMERR).
+    pub(crate) fn full_reply_edns(&self, edns: Option<&Edns>, ip: IpAddr) -> (Option<Edns>, bool) {
+        let wire = &self.0.wire;
+        let Some(edns) = edns else {
+            return (None, false);
+        };
+        let cookie = request_cookie(edns);
+        let reply = match &cookie {
+            Ok(Some(sent)) => Some(wire.cookies.reply(sent, ip, cookie::now()).0),
+            _ => None,
+        };
+        (Some(response_edns(edns, wire, reply)), cookie.is_err())
+    }
+
     /// The fast path: a service-zone answer from prepared bytes, written into `out`. Covers
     /// service names with records of the asked type and every negative answer; false for
     /// everything else, which the full handler answers.
-    fn write_prepared(&self, question: &Question<'_>, protocol: Protocol, out: &mut Vec<u8>) -> bool {
+    fn write_prepared(&self, question: &Question<'_>, src: SocketAddr, protocol: Protocol, out: &mut Vec<u8>) -> bool {
         let Question {
             metadata,
             query,
@@ -268,9 +362,9 @@ impl Authority {
         } = question;
         let qtype = query.query_type();
         if metadata.op_code != OpCode::Query
-            || query.query_class() != DNSClass::IN
+            || !answered_as_in(query.query_class())
             || matches!(qtype, RecordType::AXFR | RecordType::IXFR)
-            || edns.as_ref().is_some_and(|e| e.version() > 0 || wants_nsid(e))
+            || edns.is_some_and(|e| e.version > 0 || e.nsid || e.cookie == Some(None))
         {
             return false;
         }
@@ -281,20 +375,18 @@ impl Authority {
         if !zone.registry.zone().origin_lower.zone_of(&name) {
             return false;
         }
-        let limit = response_limit(protocol, edns.as_ref(), wire.udp_max_payload);
-        let opt = edns.as_ref().map(|e| Opt {
-            max_payload: wire.udp_max_payload,
-            dnssec_ok: e.flags().dnssec_ok,
-        });
+        let limit = response_limit(protocol, edns.map(|e| e.max_payload), wire.udp_max_payload);
+        let opt = self.reply_opt(*edns, src);
         let code = match zone.prepared(&name, qtype, |p| {
             (!p.is_empty()).then(|| p.write(metadata, raw, opt, limit, out))
         }) {
             Some(Some(written)) => return written,
             Some(None) => ResponseCode::NoError,
-            None => match zone.answer(&name, query.name(), qtype) {
-                Answer::NxDomain => ResponseCode::NXDomain,
-                Answer::NoData => ResponseCode::NoError,
-                Answer::Records { .. } => return false,
+            // Told without building the records: those that have some are built once, by
+            // the full path.
+            None => match zone.negative(&name, qtype) {
+                Some(code) => code,
+                None => return false,
             },
         };
         let serial = zone.registry.current_serial();
@@ -307,7 +399,7 @@ impl RequestHandler for Authority {
     async fn handle_request<R: ResponseHandler, T: Time>(&self, request: &Request, response: R) -> ResponseInfo {
         let this = &self.0;
         let mut meta = Metadata::response_from_request(&request.metadata);
-        let resp_edns = request.edns.as_ref().map(|e| response_edns(e, &this.wire));
+        let (resp_edns, bad_cookie) = self.full_reply_edns(request.edns.as_ref(), request.src().ip());
         let mut builder = MessageResponseBuilder::from_message_request(request);
         if let Some(edns) = &resp_edns {
             builder.edns(edns);
@@ -315,7 +407,7 @@ impl RequestHandler for Authority {
         let queries = request.queries.queries();
         let code = if request.metadata.op_code != OpCode::Query {
             Some(ResponseCode::NotImp)
-        } else if queries.len() != 1 {
+        } else if queries.len() != 1 || bad_cookie {
             Some(ResponseCode::FormErr)
         } else if request.edns.as_ref().is_some_and(|e| e.version() > 0) {
             Some(ResponseCode::BADVERS)
@@ -327,15 +419,22 @@ impl RequestHandler for Authority {
         }
         let query = &queries[0];
         let qtype = query.query_type();
-        // Not zone data: AA clear, as NSD answers it.
-        if query.query_class() == DNSClass::CH && is_identity_name(query.name()) {
+        // Not zone data: AA clear, as NSD and Knot answer them.
+        if query.query_class() == DNSClass::CH
+            && let Some(chaos) = chaos_name(query.name())
+        {
+            let text = match chaos {
+                Chaos::Identity => this.wire.identity.clone(),
+                Chaos::Version if this.wire.hide_version => {
+                    meta.response_code = ResponseCode::Refused;
+                    return send(response, builder.build_no_records(meta)).await;
+                }
+                Chaos::Version => version_text(),
+            };
             let answers = match qtype {
                 RecordType::TXT | RecordType::ANY => {
-                    let mut record = Record::from_rdata(
-                        query.original().name().clone(),
-                        0,
-                        RData::TXT(TXT::new(vec![this.wire.identity.clone()])),
-                    );
+                    let mut record =
+                        Record::from_rdata(query.original().name().clone(), 0, RData::TXT(TXT::new(vec![text])));
                     record.dns_class = DNSClass::CH;
                     vec![record]
                 }
@@ -369,11 +468,10 @@ impl RequestHandler for Authority {
             meta.response_code = ResponseCode::Refused;
             return send(response, builder.build_no_records(meta)).await;
         }
-        // QCLASS ANY is answered as IN, but not authoritatively: an answer for every class
-        // cannot be (RFC 1035 §6.2), and NSD clears AA there too.
-        // Negative answers to it carry no SOA either, as NSD's do.
-        meta.authoritative = query.query_class() == DNSClass::IN;
-        let negative_soa = meta.authoritative.then(|| this.zone.soa());
+        // QCLASS ANY is answered as IN, with AA, as Knot and BIND answer it (NSD clears AA,
+        // after RFC 1035 §6.2; the zone has class IN only, so the answer is complete).
+        meta.authoritative = true;
+        let negative_soa = Some(this.zone.soa());
         let (mut answers, mut additionals, soa) = match this.zone.answer(query.name(), query.original().name(), qtype) {
             Answer::Records { answers, additionals } => (answers, additionals, None),
             Answer::NoData => (vec![], vec![], negative_soa),
@@ -382,7 +480,11 @@ impl RequestHandler for Authority {
                 (vec![], vec![], negative_soa)
             }
         };
-        let limit = response_limit(request.protocol(), request.edns.as_ref(), this.wire.udp_max_payload);
+        let limit = response_limit(
+            request.protocol(),
+            request.edns.as_ref().map(Edns::max_payload),
+            this.wire.udp_max_payload,
+        );
         let opt = resp_edns.as_ref().map_or(0, |e| {
             let mut bytes = Vec::new();
             let _ = e.emit(&mut BinEncoder::new(&mut bytes));

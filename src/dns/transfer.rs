@@ -99,18 +99,24 @@ pub fn requested(message: &[u8]) -> Option<RecordType> {
 pub fn answer(authority: &Authority, message: &[u8], src: SocketAddr, send: &mut dyn FnMut(Vec<u8>)) {
     let zones = &*authority.0;
     let now = tsig::now();
-    let signing = match authority.tsig().verify(message, now) {
+    let Ok(request) = Message::from_vec(message) else {
+        return send(error(message, ResponseCode::FormErr));
+    };
+    // Every message of the reply to an EDNS request carries an OPT record, as Knot's do.
+    let (edns, _) = authority.full_reply_edns(request.edns.as_ref(), src.ip());
+    let signing = match authority.tsig().verify(message, now, edns.as_ref()) {
         Verdict::Rejected(reply) => return send(reply),
         Verdict::Signed(signing) => Some(signing),
         Verdict::Unsigned => None,
     };
-    let Ok(request) = Message::from_vec(message) else {
-        return send(error(message, ResponseCode::FormErr));
-    };
     let Some(query) = request.queries.first() else {
         return send(error(message, ResponseCode::FormErr));
     };
-    let mut out = Out::new(&request.metadata, query, signing, now, send);
+    let opt = edns.and_then(|e| {
+        let mut bytes = Vec::new();
+        e.emit(&mut BinEncoder::new(&mut bytes)).ok().map(|()| bytes)
+    });
+    let mut out = Out::new(&request.metadata, query, signing, opt, now, send);
     if out.signing.is_none() && !zones.wire.transfer.allows(src.ip()) {
         tracing::info!(%src, zone = %query.name(), "transfer refused: not in --allow-transfer and not signed with a --tsig-key");
         return out.refuse(ResponseCode::Refused);
@@ -198,6 +204,8 @@ struct Out<'a> {
     metadata: Metadata,
     query: Query,
     signing: Option<Signing>,
+    /// The OPT record each message ends with (before its TSIG record), if the request had one.
+    opt: Option<Vec<u8>>,
     now: u64,
     send: &'a mut dyn FnMut(Vec<u8>),
     sent: usize,
@@ -208,6 +216,7 @@ impl<'a> Out<'a> {
         request: &Metadata,
         query: &Query,
         signing: Option<Signing>,
+        opt: Option<Vec<u8>>,
         now: u64,
         send: &'a mut dyn FnMut(Vec<u8>),
     ) -> Self {
@@ -217,6 +226,7 @@ impl<'a> Out<'a> {
             metadata,
             query: query.clone(),
             signing,
+            opt,
             now,
             send,
             sent: 0,
@@ -265,6 +275,10 @@ impl<'a> Out<'a> {
             }
             buf[4..6].copy_from_slice(&u16::from(first).to_be_bytes());
             buf[6..8].copy_from_slice(&count.to_be_bytes());
+            if let Some(opt) = &self.opt {
+                buf.extend_from_slice(opt);
+                buf[10..12].copy_from_slice(&1u16.to_be_bytes());
+            }
             if let Some(signing) = &mut self.signing {
                 signing.sign(&mut buf, self.now);
             }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use data_encoding::BASE64;
-use hickory_proto::op::{Header, Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::op::{Edns, Header, Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::rdata::tsig::{TSIG, TsigAlgorithm, TsigError, make_tsig_record, signed_bitmessage_to_buf};
 use hickory_proto::rr::{LowerName, Name, Record, RecordType};
 use hickory_proto::rr::{TSigResponseContext, TSigner};
@@ -113,14 +113,15 @@ impl Keys {
     }
 
     /// Checks the TSIG record of `message`, if it has one, at `now` (seconds since the epoch).
-    pub fn verify(&self, message: &[u8], now: u64) -> Verdict {
+    /// A refusal carries `edns`, the OPT record of a reply to this request, if any.
+    pub fn verify(&self, message: &[u8], now: u64, edns: Option<&Edns>) -> Verdict {
         let Some(record) = tsig_record(message) else {
             return Verdict::Unsigned;
         };
         let id = u16::from_be_bytes([message[0], message[1]]);
         let Some(signer) = self.0.get(&LowerName::new(&record.name)) else {
             let context = TSigResponseContext::unknown_key(id, now, record.name.clone());
-            return Verdict::Rejected(rejection(message, context));
+            return Verdict::Rejected(rejection(message, context, edns));
         };
         match signer.verify_message_byte(message, None, true) {
             Ok((mac, _, window)) if window.contains(&now) || window.end == now => Verdict::Signed(Signing {
@@ -131,11 +132,11 @@ impl Keys {
             }),
             Ok((mac, _, _)) => {
                 let context = TSigResponseContext::new(id, now, signer.clone(), mac, Some(TsigError::BadTime));
-                Verdict::Rejected(rejection(message, context))
+                Verdict::Rejected(rejection(message, context, edns))
             }
             Err(_) => {
                 let context = TSigResponseContext::bad_signature(id, now, signer.clone());
-                Verdict::Rejected(rejection(message, context))
+                Verdict::Rejected(rejection(message, context, edns))
             }
         }
     }
@@ -191,8 +192,9 @@ fn tsig_record(message: &[u8]) -> Option<Record<TSIG>> {
         .filter(|r| r.record_type() == RecordType::TSIG)
 }
 
-/// NOTAUTH for `request`, its question echoed, ending with the TSIG record `context` gives.
-fn rejection(request: &[u8], context: TSigResponseContext) -> Vec<u8> {
+/// NOTAUTH for `request`, its question echoed, with `edns` (every reply to a query with an
+/// OPT record has one, as Knot's do), ending with the TSIG record `context` gives.
+fn rejection(request: &[u8], context: TSigResponseContext, edns: Option<&Edns>) -> Vec<u8> {
     let mut decoder = BinDecoder::new(request);
     let header = Header::read(&mut decoder).ok();
     let (id, op_code) = header.map_or((0, OpCode::Query), |h| (h.metadata.id, h.metadata.op_code));
@@ -200,6 +202,9 @@ fn rejection(request: &[u8], context: TSigResponseContext) -> Vec<u8> {
     reply.metadata.message_type = MessageType::Response;
     if let Ok(request) = Message::from_vec(request) {
         reply.queries = request.queries;
+    }
+    if let Some(edns) = edns {
+        reply.set_edns(edns.clone());
     }
     let mut out = reply.to_vec().unwrap_or_default();
     if let Ok(record) = context.sign(&out) {

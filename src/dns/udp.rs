@@ -10,6 +10,11 @@
 //! query. A worker sleeps in `recvmmsg` itself rather than in an event loop, which saves the
 //! `epoll_wait` and the empty read of every wake-up; the few queries the prepared answers do
 //! not cover run on a small runtime of the worker's own.
+//!
+//! With `--dns-rrl-rate`, each query is first charged to its client network (see
+//! [`super::rrl`]); one over the rate, unless it carries a valid server cookie, is dropped or
+//! slipped before any work is spent on its answer. With the limit off that is one test of
+//! an `Option` per datagram.
 
 #[cfg(not(target_os = "linux"))]
 compile_error!("koder-dns serves DNS over UDP with recvmmsg/sendmmsg, which need Linux");
@@ -24,7 +29,8 @@ use hickory_server::net::xfer::Protocol;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::{Authority, handle_full, handle_prepared};
+use super::rrl::Verdict;
+use super::{Authority, handle_full, handle_prepared, slip};
 
 /// Largest datagram we read.
 const RECV_BUFFER: usize = super::MAX_UDP_PAYLOAD as usize;
@@ -213,6 +219,9 @@ fn serve(
     socket.set_write_timeout(Some(SHUTDOWN_POLL))?;
     let fd = socket.as_raw_fd();
     let mut batch = Batch::new();
+    let limiter = authority.rate_limiter();
+    // Responses over the rate so far, for every `--dns-rrl-slip`-th to slip.
+    let mut limited = 0;
     while !shutdown.is_cancelled() {
         let n = match batch.recv(fd) {
             Ok(n) => n,
@@ -225,13 +234,38 @@ fn serve(
             }
         };
         batch.outgoing.clear();
-        for i in 0..n {
+        // Over the rate: dropped or slipped before any work on the answer. A datagram that
+        // gets no reply anyway (a response, a runt) is not counted.
+        let mut over = [false; BATCH];
+        if let Some(rrl) = limiter {
+            let charged = |i: usize| {
+                let query = batch.datagram(i);
+                let src = batch.source(i).filter(|&src| answerable(src))?;
+                (query.len() >= 12 && query[2] & 0x80 == 0).then_some(src.ip())
+            };
+            let sources: [Option<std::net::IpAddr>; BATCH] =
+                std::array::from_fn(|i| if i < n { charged(i) } else { None });
+            rrl.charge_batch(rrl.now(), &sources[..n], &mut over[..n]);
+        }
+        for (i, &over) in over[..n].iter().enumerate() {
             let Some(src) = batch.source(i).filter(|&src| answerable(src)) else {
                 continue;
             };
             let mut reply = std::mem::take(&mut batch.replies[i]);
             let query = batch.datagram(i);
-            if handle_prepared(authority, query, Protocol::Udp, &mut reply)
+            if let Some(rrl) = limiter
+                && over
+                && !authority.has_valid_cookie(query, src.ip())
+            {
+                let slipped = rrl.over_rate(&mut limited) == Verdict::Slip && slip(authority, query, src, &mut reply);
+                metrics::rate_limited(slipped);
+                if slipped {
+                    batch.outgoing.push(i);
+                }
+                batch.replies[i] = reply;
+                continue;
+            }
+            if handle_prepared(authority, query, src, Protocol::Udp, &mut reply)
                 || runtime.block_on(handle_full(authority, query, src, Protocol::Udp, &mut reply))
             {
                 metrics::dns_reply(Transport::Udp, &reply);

@@ -1,6 +1,7 @@
 //! Keeps each service's DNS view and the protocol index in step with the instances.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use dashmap::mapref::entry::Entry as MapEntry;
 
@@ -36,6 +37,7 @@ impl Registry {
             };
             ServiceView::change(&mut view, |members| members.insert(member.clone()))
         };
+        self.view_changes.fetch_add(1, Ordering::Release);
         if replaced.as_ref().map(|m| &m.protocol) != Some(&member.protocol) {
             if let Some(old) = replaced {
                 self.count_protocol(&old.protocol, service, false);
@@ -55,6 +57,7 @@ impl Registry {
             }
             MapEntry::Vacant(_) => None,
         };
+        self.view_changes.fetch_add(1, Ordering::Release);
         if let Some(member) = removed {
             self.count_protocol(&member.protocol, service, false);
         }

@@ -87,6 +87,9 @@ pub struct Registry {
     /// The revision: counts every change a reader can see (the SOA serial is its low 32
     /// bits, blocking queries wait for it to pass their index).
     revision: AtomicU64,
+    /// Every change to a service's view counts here: an answer that holds another service's
+    /// addresses (an SRV target in the zone) is good while this has not moved.
+    view_changes: AtomicU64,
     /// Woken at every new revision: held blocking queries wait here, costing no thread and
     /// no polling.
     changed: Notify,
@@ -115,6 +118,7 @@ impl Registry {
             leases: LeaseIndex::default(),
             count: AtomicUsize::new(0),
             revision: AtomicU64::new(revision),
+            view_changes: AtomicU64::new(0),
             changed: Notify::new(),
             settings,
             subscribers: Mutex::new(Vec::new()),

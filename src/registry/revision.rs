@@ -13,6 +13,12 @@ impl Registry {
         self.revision() as u32
     }
 
+    /// How many times a service's view has changed (registrations, removals, health flips,
+    /// leases moved earlier), in this process.
+    pub fn view_changes(&self) -> u64 {
+        self.view_changes.load(Ordering::Acquire)
+    }
+
     /// The revision: a 64-bit count of changes a reader can see; only grows, across
     /// restarts too.
     pub fn revision(&self) -> u64 {

@@ -259,6 +259,53 @@ async fn srv_host_name_target_in_a_served_zone_gets_its_addresses() {
     }
 }
 
+/// An SRV target that is a name of the service zone (`api` registered with the address
+/// `web.service.koder`) gets that service's addresses in the additional section, and they
+/// follow the service: asked again (from the prepared answer) after `web` changes, the glue
+/// is `web`'s new set.
+#[tokio::test]
+async fn srv_target_in_the_service_zone_gets_the_services_addresses() {
+    let server = common::start().await;
+    server
+        .register(json!({"name": "api", "address": "web.service.koder", "port": 8443}))
+        .await;
+    let glue = |reply: &Message| {
+        let mut glue: Vec<String> = reply
+            .additionals
+            .iter()
+            .map(|r| format!("{} {}", r.name.to_ascii().to_ascii_lowercase(), r.data))
+            .collect();
+        glue.sort();
+        glue
+    };
+    const API: &str = "_api._tcp.service.koder.";
+    for via in BOTH {
+        let reply = ask(&server, via, API, RecordType::SRV).await;
+        assert!(glue(&reply).is_empty(), "web has no instance yet: {reply}");
+    }
+    server
+        .register(json!({"name": "web", "id": "web-4", "address": "10.0.1.1", "port": 443}))
+        .await;
+    server
+        .register(json!({"name": "web", "id": "web-6", "address": "2001:db8::1", "port": 443}))
+        .await;
+    for via in BOTH {
+        for _ in 0..2 {
+            let reply = ask(&server, via, API, RecordType::SRV).await;
+            assert_eq!(
+                glue(&reply),
+                ["web.service.koder. 10.0.1.1", "web.service.koder. 2001:db8::1"],
+                "{via:?}: {reply}"
+            );
+        }
+    }
+    server.deregister("web-4").await;
+    for via in BOTH {
+        let reply = ask(&server, via, API, RecordType::SRV).await;
+        assert_eq!(glue(&reply), ["web.service.koder. 2001:db8::1"], "{via:?}: {reply}");
+    }
+}
+
 #[tokio::test]
 async fn srv_by_protocol() {
     let server = common::start().await;
@@ -2027,7 +2074,9 @@ async fn datagrams_shorter_than_a_header_get_no_reply() {
     assert_eq!(soa.answers.len(), 1);
 }
 
-/// QCLASS ANY is answered as IN, AA clear, with the question echoed as asked.
+/// QCLASS ANY is answered as IN, with AA and the SOA in negative answers as Knot and BIND
+/// answer it, the question echoed as asked; asked twice, so the second comes from the
+/// prepared bytes.
 #[tokio::test]
 async fn qclass_any_is_answered_as_in() {
     let server = common::start().await;
@@ -2037,15 +2086,22 @@ async fn qclass_any_is_answered_as_in() {
     for via in BOTH {
         for (qname, rtype, code, answers) in [
             (VOICE_SRV, RecordType::SRV, ResponseCode::NoError, 1),
+            (VOICE_SRV, RecordType::SRV, ResponseCode::NoError, 1),
             ("voice.service.koder.", RecordType::A, ResponseCode::NoError, 1),
             ("voice.service.koder.", RecordType::MX, ResponseCode::NoError, 0),
             ("nope.service.koder.", RecordType::A, ResponseCode::NXDomain, 0),
+            (ZONE, RecordType::ANY, ResponseCode::NoError, 1),
+            (ZONE, RecordType::SOA, ResponseCode::NoError, 1),
         ] {
             let reply = exchange(&server, via, &query_in(qname, rtype, DNSClass::ANY, Some(false))).await;
             assert_eq!(reply.metadata.response_code, code, "{via:?} {qname}: {reply}");
-            // An answer for every class cannot be authoritative (RFC 1035 §6.2; NSD too).
-            assert!(!reply.metadata.authoritative, "{via:?} {qname}: {reply}");
+            assert!(reply.metadata.authoritative, "{via:?} {qname}: {reply}");
             assert_eq!(reply.answers.len(), answers, "{via:?} {qname}: {reply}");
+            assert_eq!(
+                reply.authorities.len(),
+                usize::from(answers == 0),
+                "SOA when negative: {reply}"
+            );
             assert_eq!(reply.queries[0].query_class(), DNSClass::ANY, "echoed as asked");
             assert!(reply.answers.iter().all(|r| r.dns_class == DNSClass::IN), "{reply}");
         }
@@ -2072,7 +2128,7 @@ async fn identity_answers_ch_txt_and_nsid() {
         let other = exchange(
             &server,
             via,
-            &query_in("version.server.", RecordType::TXT, DNSClass::CH, None),
+            &query_in("other.server.", RecordType::TXT, DNSClass::CH, None),
         )
         .await;
         assert_eq!(other.metadata.response_code, ResponseCode::Refused, "{other}");
@@ -2094,6 +2150,31 @@ async fn identity_answers_ch_txt_and_nsid() {
                 plain.edns.unwrap().option(EdnsCode::NSID).is_none(),
                 "NSID only when asked"
             );
+        }
+    }
+}
+
+/// `CH TXT version.bind.` and `version.server.` answer `koder-dns <version>`, as NSD and
+/// Knot name themselves, AA clear; `--dns-hide-version` refuses them.
+#[tokio::test]
+async fn version_bind_answers_the_version_unless_hidden() {
+    let shown = common::start().await;
+    let hidden = common::start_with(|c| c.dns_hide_version = true).await;
+    for via in BOTH {
+        for qname in ["version.bind.", "VERSION.server."] {
+            let message = query_in(qname, RecordType::TXT, DNSClass::CH, Some(false));
+            let reply = exchange(&shown, via, &message).await;
+            assert_eq!(reply.metadata.response_code, ResponseCode::NoError, "{reply}");
+            assert!(!reply.metadata.authoritative, "{reply}");
+            assert_eq!(
+                txts(&reply),
+                vec![vec![format!("koder-dns {}", env!("CARGO_PKG_VERSION"))]],
+                "{via:?} {qname}: {reply}"
+            );
+            assert_eq!(reply.answers[0].dns_class, DNSClass::CH);
+            let reply = exchange(&hidden, via, &message).await;
+            assert_eq!(reply.metadata.response_code, ResponseCode::Refused, "{reply}");
+            assert!(reply.answers.is_empty() && reply.edns.is_some(), "{reply}");
         }
     }
 }

@@ -26,6 +26,7 @@ mod prepared;
 mod reload;
 mod restart;
 mod sd;
+mod strangers;
 mod tls;
 mod tools;
 mod transfer;

@@ -47,6 +47,8 @@ fn world() -> World {
             ..reg("voice-udp", "voice", "10.0.0.3", 5061)
         },
         reg("api-host", "api", "API.Internal.Example.", 443),
+        // A target in the zone: voice's addresses are its glue.
+        reg("inside", "inside", "voice.service.koder.", 443),
         Instance {
             healthy: false,
             ..reg("sick", "sick", "10.0.0.9", 9)
@@ -148,7 +150,7 @@ fn bytes_limit(bytes: &[u8], protocol: Protocol) -> usize {
 fn same_answer(world: &World, bytes: &[u8], protocol: Protocol, what: &str) -> bool {
     let src: SocketAddr = SRC.parse().unwrap();
     let mut fast = Vec::new();
-    if !handle_prepared(&world.authority, bytes, protocol, &mut fast) {
+    if !handle_prepared(&world.authority, bytes, src, protocol, &mut fast) {
         return false;
     }
     let mut full = Vec::new();
@@ -204,8 +206,9 @@ fn same_answer(world: &World, bytes: &[u8], protocol: Protocol, what: &str) -> b
     true
 }
 
-const NAMES: [(&str, RecordType); 16] = [
+const NAMES: [(&str, RecordType); 17] = [
     ("_voice._tcp.service.koder.", RecordType::SRV),
+    ("_inside._tcp.service.koder.", RecordType::SRV),
     ("_voice._udp.service.koder.", RecordType::SRV),
     ("voice.service.koder.", RecordType::A),
     ("voice.service.koder.", RecordType::AAAA),
@@ -283,6 +286,7 @@ fn prepared_answers_follow_leases() {
     assert!(handle_prepared(
         &world.authority,
         &query(1, "voice.service.koder.", RecordType::A, None),
+        SRC.parse().unwrap(),
         Protocol::Udp,
         &mut reply
     ));

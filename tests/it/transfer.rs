@@ -46,7 +46,7 @@ async fn transferable(tweak: impl FnOnce(&mut koder_dns::config::Config)) -> Tes
     .await
 }
 
-fn transfer_request(qtype: RecordType, held: Option<u32>) -> Message {
+pub(crate) fn transfer_request(qtype: RecordType, held: Option<u32>) -> Message {
     let mut message = Message::new(fastrand::u16(..), MessageType::Query, OpCode::Query);
     message.add_query(Query::query(Name::from_ascii(ZONE).unwrap(), qtype));
     if let Some(serial) = held {
@@ -109,7 +109,7 @@ fn is_last(message: &Message, record: &Record) -> bool {
     std::ptr::eq(message.answers.last().unwrap(), record)
 }
 
-async fn transfer(server: SocketAddr, request: &Message) -> Vec<Message> {
+pub(crate) async fn transfer(server: SocketAddr, request: &Message) -> Vec<Message> {
     transfer_raw(server, &request.to_vec().unwrap())
         .await
         .iter()
@@ -153,10 +153,14 @@ async fn axfr_sends_a_large_zone_in_many_messages_with_what_queries_answer() {
     server
         .register(json!({"name": "web", "address": "10.0.0.1", "port": 80, "metadata": {"team": "edge"}}))
         .await;
-    let messages = transfer(server.dns(), &transfer_request(RecordType::AXFR, None)).await;
+    let mut request = transfer_request(RecordType::AXFR, None);
+    request.set_edns(hickory_proto::op::Edns::new());
+    let messages = transfer(server.dns(), &request).await;
     assert!(messages.len() >= 3, "{} messages", messages.len());
     for (i, m) in messages.iter().enumerate() {
         assert!(m.metadata.authoritative, "message {i} without AA");
+        // An EDNS request gets an OPT record in every message, as Knot sends them.
+        assert!(m.edns.is_some(), "message {i} without OPT");
         assert_eq!(
             m.queries.len(),
             usize::from(i == 0),
