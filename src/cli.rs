@@ -49,7 +49,7 @@ pub enum Command {
     /// Copy a redb registry (`--data-dir`) into etcd, for a move to `--store etcd`.
     ///
     /// Refuses when the prefix already holds a registry, unless --force. Exit status: 0
-    /// copied, 1 refused or failed.
+    /// copied, 1 refused or failed, 2 bad arguments or etcd refusing the TLS files, user or role.
     Migrate(crate::cluster::MigrateArgs),
     /// API keys: `keys new` makes one for a --keys-file.
     #[command(subcommand)]
@@ -313,13 +313,21 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .block_on(f)
 }
 
-/// `koder-dns migrate --to-etcd`: exit 0 copied, 1 refused or failed, 2 bad arguments.
+/// `koder-dns migrate --to-etcd`: exit 0 copied, 1 refused or failed, 2 bad arguments (etcd
+/// refusing the TLS files, the user or the role included).
 pub fn migrate(args: crate::cluster::MigrateArgs) -> std::process::ExitCode {
     #[cfg(feature = "etcd")]
     {
+        let connection = match args.connection() {
+            Ok(connection) => connection,
+            Err(e) => {
+                eprintln!("koder-dns migrate: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        };
         let copied = block_on(crate::store::etcd::migrate(
             &args.data_dir,
-            &args.etcd_endpoints,
+            &connection,
             &args.etcd_prefix,
             args.force,
         ));
@@ -330,7 +338,9 @@ pub fn migrate(args: crate::cluster::MigrateArgs) -> std::process::ExitCode {
             }
             Err(e) => {
                 eprintln!("koder-dns migrate: {e:#}");
-                std::process::ExitCode::from(1)
+                // etcd refusing the certificate, the user or the role is a bad argument too.
+                let refused = e.is::<crate::store::etcd::Refused>() || e.is::<crate::tls::FileError>();
+                std::process::ExitCode::from(if refused { 2 } else { 1 })
             }
         }
     }

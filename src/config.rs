@@ -273,6 +273,16 @@ settings! {
         crate::cluster::endpoints, "etcd v3 client URLs, comma-separated (with --store etcd).";
     etcd_prefix: String = "/koder-dns/", "KODER_DNS_ETCD_PREFIX", "PREFIX", crate::cluster::prefix,
         "Key prefix of this registry in etcd; nodes with the same prefix share one registry.";
+    etcd_cacert: MaybePath = "none", "KODER_DNS_ETCD_CACERT", "FILE", optional_path,
+        "PEM file of the CA that signed etcd's certificate, for https:// endpoints; none = the \
+         system's roots.";
+    etcd_cert: MaybePath = "none", "KODER_DNS_ETCD_CERT", "FILE", optional_path,
+        "PEM client certificate for an etcd started with --client-cert-auth (with --etcd-key).";
+    etcd_key: MaybePath = "none", "KODER_DNS_ETCD_KEY", "FILE", optional_path,
+        "PEM private key of --etcd-cert (PKCS#8, SEC1 or PKCS#1).";
+    etcd_user: crate::cluster::MaybeUser = "none", "KODER_DNS_ETCD_USER", "NAME", crate::cluster::user,
+        "etcd user, for an etcd with auth enabled; its password comes from KODER_DNS_ETCD_PASSWORD \
+         only, never a flag. A role granting readwrite on --etcd-prefix alone is enough.";
     keys_file: MaybePath = "none", "KODER_DNS_KEYS_FILE", "FILE", optional_path,
         "Scoped API keys: a TOML file of [[key]] tables (id, sha256, scope = admin|read|register, services \
          for register keys); digests only, made with `koder-dns keys new`. Re-read on SIGHUP.";
@@ -422,6 +432,21 @@ impl Config {
         {
             bail!("--dot-listen {addr} needs a certificate: give --tls-cert and --tls-key");
         }
+        if self.store == crate::cluster::StoreKind::Etcd {
+            self.etcd_connection()?;
+        }
         Ok(())
+    }
+
+    /// How to reach etcd (`--etcd-*`), the password from `KODER_DNS_ETCD_PASSWORD`.
+    pub fn etcd_connection(&self) -> anyhow::Result<crate::cluster::Connection> {
+        crate::cluster::Connection::from_env(
+            self.etcd_endpoints.clone(),
+            self.etcd_cacert.clone(),
+            self.etcd_cert.clone(),
+            self.etcd_key.clone(),
+            self.etcd_user.clone(),
+        )
+        .map_err(anyhow::Error::msg)
     }
 }
