@@ -124,7 +124,10 @@ macro_rules! settings {
         #[derive(Debug, Default, Clone, clap::Args)]
         #[command(after_help = "Durations are written like 90s, 500ms, 2m or 0.\n\
 API keys come from KODER_DNS_API_KEY (comma-separated) or `api_keys = [...]` in the config file; \
-with none, a key is generated into <data-dir>/api-key (mode 0600) and its path is logged.")]
+with none, a key is generated into <data-dir>/api-key (mode 0600) and its path is logged.\n\
+No secret is ever a flag (every user of the host can read a process's arguments): TSIG keys come \
+from KODER_DNS_TSIG_KEYS (NAME:ALG:BASE64, comma-separated) or `tsig_key` in the config file, the \
+etcd user's password from KODER_DNS_ETCD_PASSWORD.")]
         pub struct ServeArgs {
             /// TOML file with any of these settings in snake_case (e.g. dns_listen = "127.0.0.1:53").
             #[arg(long, env = "KODER_DNS_CONFIG", value_name = "FILE")]
@@ -248,10 +251,11 @@ settings! {
         "Blocking queries (?index=&wait=) held at once; more get 429.";
     allow_transfer: Networks = "none", "KODER_DNS_ALLOW_TRANSFER", "CIDRS", crate::dns::transfer::parse_allow,
         "Addresses or CIDRs (comma-separated) that may transfer the zones (AXFR, IXFR) without TSIG; \
-         none = only transfers signed with a --tsig-key.";
+         none = only transfers signed with a TSIG key (KODER_DNS_TSIG_KEYS).";
     tsig_key: crate::dns::tsig::Keys = "none", "KODER_DNS_TSIG_KEYS", "NAME:ALG:BASE64", crate::dns::tsig::parse_keys,
-        "TSIG key (repeatable, or comma-separated; hmac-sha256, hmac-sha384 or hmac-sha512): transfers \
-         signed with it are allowed from anywhere, and signed queries get signed answers.";
+        "TSIG keys, comma-separated (hmac-sha256, hmac-sha384 or hmac-sha512): transfers signed with one \
+         are allowed from anywhere, and signed queries get signed answers. A secret: from the environment \
+         or the config file only, never a flag.";
     notify: Targets = "none", "KODER_DNS_NOTIFY", "ADDR:PORT", targets,
         "Secondary told by NOTIFY of every serial change (repeatable, or comma-separated); coalesced \
          over 100ms, retried with back-off until it answers.";
