@@ -221,3 +221,19 @@ pub(super) async fn check_access(client: &Client, connection: &Connection, prefi
         )),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::host_port;
+
+    #[test]
+    fn an_endpoint_is_a_host_without_brackets_and_a_port_443_by_default() {
+        assert_eq!(host_port("https://10.0.0.1:2379"), Some(("10.0.0.1".into(), 2379)));
+        assert_eq!(host_port("https://[::1]:2379/"), Some(("::1".into(), 2379)));
+        assert_eq!(
+            host_port("https://etcd.example.net"),
+            Some(("etcd.example.net".into(), 443))
+        );
+        assert_eq!(host_port("not a url"), None);
+    }
+}
