@@ -1559,59 +1559,76 @@ async fn a_wrong_ca_client_certificate_password_or_role_fails_the_start_within_1
         path_text(&foreign_key),
     );
     let tmp = tempfile::tempdir().unwrap();
-    let cases: [(&str, &str, Vec<&str>, Option<&str>, &[&str]); 5] = [
-        (
-            "wrong password",
-            SECURED_PREFIX,
-            vec![],
-            Some("not-the-password"),
-            &["etcd refused the user koder", "wrong password"],
-        ),
-        (
+    /// A start etcd refuses: under `prefix`, with `extra` flags (over the settings from the
+    /// environment) and `password`; its message must hold every one of `reasons`.
+    struct Refusal<'a> {
+        case: &'a str,
+        prefix: &'a str,
+        extra: Vec<&'a str>,
+        password: &'a str,
+        reasons: &'a [&'a str],
+    }
+    let refusal = |case, extra, reasons| Refusal {
+        case,
+        prefix: SECURED_PREFIX,
+        extra,
+        password: KODER_PASSWORD,
+        reasons,
+    };
+    let cases = [
+        Refusal {
+            password: "not-the-password",
+            ..refusal(
+                "wrong password",
+                vec![],
+                &["etcd refused the user koder", "wrong password"],
+            )
+        },
+        refusal(
             "wrong CA",
-            SECURED_PREFIX,
             vec!["--etcd-cacert", &other_ca],
-            None,
             &[
                 "etcd at https://127.0.0.1:",
                 "its certificate is not signed by the CA in --etcd-cacert",
             ],
         ),
-        (
+        refusal(
             "no client certificate",
-            SECURED_PREFIX,
             vec!["--etcd-cert", "none", "--etcd-key", "none"],
-            None,
             &[
                 "etcd at https://127.0.0.1:",
                 "requires a client certificate",
                 "--etcd-cert",
             ],
         ),
-        (
+        refusal(
             "client certificate of another CA",
-            SECURED_PREFIX,
             vec!["--etcd-cert", &foreign_cert, "--etcd-key", &foreign_key],
-            None,
             &[
                 "etcd at https://127.0.0.1:",
                 "rejected the client certificate --etcd-cert",
             ],
         ),
-        (
-            "role without the prefix",
-            "/elsewhere/",
-            vec![],
-            None,
-            &["etcd denied the user koder", "/elsewhere/", "permission denied"],
-        ),
+        Refusal {
+            prefix: "/elsewhere/",
+            ..refusal(
+                "role without the prefix",
+                vec![],
+                &["etcd denied the user koder", "/elsewhere/", "permission denied"],
+            )
+        },
     ];
-    for (i, (case, prefix, extra, password, reasons)) in cases.into_iter().enumerate() {
+    for (i, refused) in cases.into_iter().enumerate() {
+        let Refusal {
+            case,
+            prefix,
+            extra,
+            password,
+            reasons,
+        } = refused;
         // The settings from the environment, so that a flag can take one back.
         let mut cmd = secured_node(&cluster, &tmp.path().join(format!("r{i}")), 1, prefix, &extra);
-        if let Some(password) = password {
-            cmd.env("KODER_DNS_ETCD_PASSWORD", password);
-        }
+        cmd.env("KODER_DNS_ETCD_PASSWORD", password);
         let started = Instant::now();
         let (status, stderr) = match crate::child::launch_command(cmd).await {
             Started::Up(proc) => panic!("{case}: the node started:\n{}", proc.stderr()),
