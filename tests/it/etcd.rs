@@ -1483,18 +1483,22 @@ async fn three_nodes_work_through_etcd_with_tls_client_certificates_and_a_role_l
             .await;
         }
     };
-    for (i, node) in procs.iter().enumerate() {
-        let service = format!("tls{i}");
-        let (status, body) = post(
-            &client,
-            node,
-            "/services/register",
-            &instance(&service, &service, i, 60 * SECOND),
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
-        everywhere(&service, 1).await;
-    }
+    // Each node registers a service of its own, which every node then answers.
+    let register_on_each = async |prefix: &str| {
+        for (i, node) in procs.iter().enumerate() {
+            let service = format!("{prefix}{i}");
+            let (status, body) = post(
+                &client,
+                node,
+                "/services/register",
+                &instance(&service, &service, i, 60 * SECOND),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            everywhere(&service, 1).await;
+        }
+    };
+    register_on_each("tls").await;
 
     // etcd refuses a node's expired token at least once; the node authenticates again and
     // every operation goes on: registrations, heartbeats, deregistrations, and the watches
@@ -1504,19 +1508,9 @@ async fn three_nodes_work_through_etcd_with_tls_client_certificates_and_a_role_l
         cluster.logs().contains("invalid auth token")
     })
     .await;
+    // One TOKEN_TTL more: every token a node got at its start has expired by now.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    for (i, node) in procs.iter().enumerate() {
-        let service = format!("later{i}");
-        let (status, body) = post(
-            &client,
-            node,
-            "/services/register",
-            &instance(&service, &service, i, 60 * SECOND),
-        )
-        .await;
-        assert_eq!(status, 200, "{body}");
-        everywhere(&service, 1).await;
-    }
+    register_on_each("later").await;
     let (status, body) = post(&client, &procs[2], "/services/heartbeat", &json!({"id": "tls0"})).await;
     assert_eq!(status, 200, "{body}");
     let (status, body) = post(&client, &procs[0], "/services/deregister", &json!({"id": "tls1"})).await;
