@@ -75,12 +75,25 @@ pub(super) async fn check_tls(connection: &Connection) -> anyhow::Result<()> {
         };
         return match tokio::time::timeout(STEP, answered).await {
             Ok(Ok(0)) => Err(Refused(closed(endpoint, connection)).into()),
-            Ok(Err(e)) => Err(refused(e).into()),
-            // Answered (or silent, which is for the connection proper to find out).
+            Ok(Err(e)) if is_tls(&e) => Err(refused(e).into()),
+            Ok(Err(e)) if is_closed(&e) => Err(Refused(closed(endpoint, connection)).into()),
+            // Answered, or silent, or another failure: for the connection proper to find out.
             _ => Ok(()),
         };
     }
     Ok(())
+}
+
+/// An error of TLS itself (an alert, a certificate), not of the connection under it.
+fn is_tls(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<rustls::Error>())
+}
+
+/// The connection was closed under the client right after the handshake: what a server does
+/// that drops a client certificate without saying why.
+fn is_closed(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionReset, UnexpectedEof};
+    matches!(e.kind(), ConnectionReset | UnexpectedEof | BrokenPipe)
 }
 
 /// `https://host:port/...` as the host (without an IPv6 address's brackets) and port.
