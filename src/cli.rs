@@ -49,7 +49,7 @@ pub enum Command {
     /// Copy a redb registry (`--data-dir`) into etcd, for a move to `--store etcd`.
     ///
     /// Refuses when the prefix already holds a registry, unless --force. Exit status: 0
-    /// copied, 1 refused or failed.
+    /// copied, 1 refused or failed, 2 bad arguments or etcd refusing the TLS files, user or role.
     Migrate(crate::cluster::MigrateArgs),
     /// API keys: `keys new` makes one for a --keys-file.
     #[command(subcommand)]
@@ -153,11 +153,9 @@ pub struct Remote {
     /// Base URL of the server's REST API.
     #[arg(long, env = "KODER_DNS_URL", default_value = "http://127.0.0.1:8053")]
     pub url: String,
-    /// API key (the first of a comma-separated list is used). Without one, the key a server
-    /// generated into <data-dir>/api-key is read, so on the server's own host no key is needed.
-    #[arg(long, env = "KODER_DNS_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
-    /// The server's data directory, where it keeps the key it generated.
+    /// The server's data directory, where it keeps the key it generated: read when
+    /// KODER_DNS_API_KEY is not set (the API key, never a flag), so on the server's own host no
+    /// key is needed.
     #[arg(long, env = "KODER_DNS_DATA_DIR", value_name = "DIR", default_value = "data")]
     pub data_dir: PathBuf,
     #[command(flatten)]
@@ -188,7 +186,7 @@ pub struct DriftArgs {
 /// The command line, with the settings of `serve` summarised in the top-level help too, built
 /// from `ServeArgs` itself so the two never disagree.
 pub fn command() -> clap::Command {
-    let serve = ServeArgs::augment_args(clap::Command::new("serve"));
+    let serve = serve_settings(ServeArgs::augment_args(clap::Command::new("serve")));
     let mut settings = String::from("Settings of `koder-dns serve`:\n");
     for arg in serve.get_arguments() {
         let (Some(long), Some(help)) = (arg.get_long(), arg.get_help()) else {
@@ -198,26 +196,91 @@ pub fn command() -> clap::Command {
             .get_env()
             .map(|e| e.to_string_lossy().into_owned())
             .unwrap_or_default();
-        settings.push_str(&format!("  --{long}  ({env})\n          {help}\n"));
+        let flag = if arg.is_hide_set() {
+            "(no flag)".to_owned()
+        } else {
+            format!("--{long}")
+        };
+        settings.push_str(&format!("  {flag}  ({env})\n          {help}\n"));
     }
-    settings.push_str("  (no flag)  (KODER_DNS_API_KEY)\n          API keys, comma-separated\n\n");
+    settings.push_str("  (no flag)  (KODER_DNS_API_KEY)\n          API keys, comma-separated\n");
+    settings.push_str(&format!(
+        "  (no flag)  ({})\n          The --etcd-user's password\n\n",
+        crate::cluster::PASSWORD_ENV
+    ));
     settings.push_str(
         "Settings come from flags, then KODER_DNS_* environment variables, then the --config file, then defaults.",
     );
-    Cli::command().after_help(settings)
+    Cli::command()
+        .mut_subcommand("serve", serve_settings)
+        .after_help(settings)
 }
 
 impl Cli {
     pub fn parse_args() -> Self {
-        let args = merge_repeated(std::env::args_os());
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        if let Some(refused) = secret_flag(&args) {
+            eprintln!("koder-dns: {refused}");
+            std::process::exit(2);
+        }
+        let args = merge_repeated(args);
         Self::from_arg_matches(&command().get_matches_from(args)).unwrap_or_else(|e| e.exit())
     }
 }
 
-/// Settings that may be given several times, each time adding to the list.
-const REPEATABLE: &[&str] = &["--tsig-key", "--notify"];
+/// Flags that would carry a secret, refused before parsing (clap's own error would repeat
+/// the value), with where the secret goes instead: a process's arguments are readable by
+/// every user of the host (`ps`, `/proc/PID/cmdline`).
+const SECRET_FLAGS: &[(&str, &str)] = &[
+    ("--api-key", "the environment variable KODER_DNS_API_KEY"),
+    ("--etcd-password", "the environment variable KODER_DNS_ETCD_PASSWORD"),
+    (
+        "--tsig-key",
+        "the environment variable KODER_DNS_TSIG_KEYS or the config file's tsig_key",
+    ),
+];
 
-/// Folds every `--tsig-key K` (or `--tsig-key=K`) into one comma-separated `--tsig-key=K1,K2`,
+/// The settings of `serve` that hold a secret: read from the environment and the config file
+/// only, so hidden from the flags `--help` lists.
+const SECRET_SETTINGS: &[&str] = &["tsig_key"];
+
+/// `serve`'s settings as `--help` shows them: without the secret ones' flags.
+fn serve_settings(serve: clap::Command) -> clap::Command {
+    SECRET_SETTINGS
+        .iter()
+        .fold(serve, |serve, id| serve.mut_arg(*id, |arg| arg.hide(true)))
+}
+
+/// The error for the first secret-carrying flag in `args` (before a `--`), never quoting its value.
+pub fn secret_flag(args: &[std::ffi::OsString]) -> Option<String> {
+    args.iter()
+        .skip(1)
+        .map(|arg| arg.to_string_lossy())
+        .take_while(|arg| arg != "--")
+        .find_map(|arg| {
+            let (flag, env) = SECRET_FLAGS.iter().find(|(flag, _)| {
+                arg.strip_prefix(flag)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('='))
+            })?;
+            Some(format!(
+                "{flag} is not accepted: every user of this host can read a process's arguments; \
+                 put the secret in {env} instead"
+            ))
+        })
+}
+
+/// The first key of `KODER_DNS_API_KEY` (comma-separated): where every client takes the key
+/// from, never a flag.
+fn api_key_from_env() -> Option<String> {
+    std::env::var("KODER_DNS_API_KEY")
+        .ok()
+        .and_then(|keys| split_keys(&keys).into_iter().next())
+}
+
+/// Settings that may be given several times, each time adding to the list.
+const REPEATABLE: &[&str] = &["--notify"];
+
+/// Folds every `--notify T` (or `--notify=T`) into one comma-separated `--notify=T1,T2`,
 /// the form their environment variables and config keys take, so the one parser of each
 /// setting reads all three sources.
 pub fn merge_repeated(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec<std::ffi::OsString> {
@@ -258,16 +321,16 @@ pub fn merge_repeated(args: impl IntoIterator<Item = std::ffi::OsString>) -> Vec
 }
 
 impl Remote {
-    /// The key given, else the one in `<data-dir>/api-key`.
+    /// The first key of `KODER_DNS_API_KEY`, else the one in `<data-dir>/api-key`.
     fn key(&self) -> anyhow::Result<String> {
-        if let Some(key) = self.api_key.as_deref().and_then(|k| split_keys(k).into_iter().next()) {
+        if let Some(key) = api_key_from_env() {
             return Ok(key);
         }
         let path = crate::api::auth::key_path(&self.data_dir);
         match std::fs::read_to_string(&path) {
             Ok(key) if !key.trim().is_empty() => Ok(key.trim().to_owned()),
             _ => anyhow::bail!(
-                "no API key: give --api-key or KODER_DNS_API_KEY, or --data-dir of a server that \
+                "no API key: set KODER_DNS_API_KEY, or give --data-dir of a server that \
                  generated {} (cannot read {})",
                 path.file_name().unwrap_or_default().to_string_lossy(),
                 path.display()
@@ -313,13 +376,21 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .block_on(f)
 }
 
-/// `koder-dns migrate --to-etcd`: exit 0 copied, 1 refused or failed, 2 bad arguments.
+/// `koder-dns migrate --to-etcd`: exit 0 copied, 1 refused or failed, 2 bad arguments (etcd
+/// refusing the TLS files, the user or the role included).
 pub fn migrate(args: crate::cluster::MigrateArgs) -> std::process::ExitCode {
     #[cfg(feature = "etcd")]
     {
+        let connection = match args.connection() {
+            Ok(connection) => connection,
+            Err(e) => {
+                eprintln!("koder-dns migrate: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        };
         let copied = block_on(crate::store::etcd::migrate(
             &args.data_dir,
-            &args.etcd_endpoints,
+            &connection,
             &args.etcd_prefix,
             args.force,
         ));
@@ -330,7 +401,9 @@ pub fn migrate(args: crate::cluster::MigrateArgs) -> std::process::ExitCode {
             }
             Err(e) => {
                 eprintln!("koder-dns migrate: {e:#}");
-                std::process::ExitCode::from(1)
+                // etcd refusing the certificate, the user or the role is a bad argument too.
+                let refused = e.is::<crate::store::etcd::Refused>() || e.is::<crate::tls::FileError>();
+                std::process::ExitCode::from(if refused { 2 } else { 1 })
             }
         }
     }
@@ -415,10 +488,7 @@ pub fn agent(args: AgentArgs) -> std::process::ExitCode {
                 .unwrap_or_default()
                 .trim()
                 .to_owned(),
-            None => std::env::var("KODER_DNS_API_KEY")
-                .ok()
-                .and_then(|keys| split_keys(&keys).into_iter().next())
-                .unwrap_or_default(),
+            None => api_key_from_env().unwrap_or_default(),
         };
         anyhow::ensure!(!key.is_empty(), "no API key: set KODER_DNS_API_KEY or --api-key-file");
         let client = crate::client::Client::with_ca(args.url, key, Duration::from_secs(10), args.trust.ca.as_deref())?;
@@ -495,10 +565,7 @@ pub fn keys(command: KeysCommand) -> std::process::ExitCode {
 
 /// `koder-dns conformance`: exit 0 all pass, 1 any failed, 2 could not run.
 pub fn conformance(args: ConformanceArgs) -> std::process::ExitCode {
-    let key = std::env::var("KODER_DNS_API_KEY")
-        .ok()
-        .and_then(|keys| split_keys(&keys).into_iter().next());
-    let Some(key) = key else {
+    let Some(key) = api_key_from_env() else {
         eprintln!("koder-dns conformance: no API key: set KODER_DNS_API_KEY");
         return std::process::ExitCode::from(2);
     };
@@ -533,6 +600,34 @@ pub fn conformance(args: ConformanceArgs) -> std::process::ExitCode {
 }
 
 #[cfg(test)]
+mod secret_flags {
+    use super::secret_flag;
+
+    fn refused(list: &[&str]) -> Option<String> {
+        secret_flag(&list.iter().map(|s| s.into()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn a_secret_on_the_command_line_is_refused_naming_the_variable_without_repeating_it() {
+        for args in [
+            &["koder-dns", "export", "--api-key", "s3cret"][..],
+            &["koder-dns", "drift", "--url", "http://x", "--api-key=s3cret"],
+        ] {
+            let e = refused(args).expect("refused");
+            assert!(e.contains("--api-key") && e.contains("KODER_DNS_API_KEY"), "{e}");
+            assert!(!e.contains("s3cret"), "{e}");
+        }
+        let e = refused(&["koder-dns", "serve", "--etcd-password", "s3cret"]).unwrap();
+        assert!(e.contains("KODER_DNS_ETCD_PASSWORD") && !e.contains("s3cret"), "{e}");
+        let e = refused(&["koder-dns", "serve", "--tsig-key=t.:hmac-sha256:czNjcmV0"]).unwrap();
+        assert!(e.contains("KODER_DNS_TSIG_KEYS") && !e.contains("czNjcmV0"), "{e}");
+        // The key file is no secret on the command line, nor is a value after `--`.
+        assert_eq!(refused(&["koder-dns", "agent", "--api-key-file", "/etc/k"]), None);
+        assert_eq!(refused(&["koder-dns", "agent", "--", "--api-key"]), None);
+    }
+}
+
+#[cfg(test)]
 mod repeated_flags {
     use super::merge_repeated;
 
@@ -544,17 +639,14 @@ mod repeated_flags {
     }
 
     #[test]
-    fn repeated_tsig_keys_and_notify_targets_are_folded_into_one_list() {
+    fn repeated_notify_targets_are_folded_into_one_list() {
         assert_eq!(
             args(&[
                 "koder-dns",
                 "serve",
-                "--tsig-key",
-                "a:hmac-sha256:AA==",
                 "--notify=127.0.0.1:53",
                 "--dns-ttl",
                 "5s",
-                "--tsig-key=b:hmac-sha256:BB==",
                 "--notify",
                 "127.0.0.1:54"
             ]),
@@ -563,7 +655,6 @@ mod repeated_flags {
                 "serve",
                 "--dns-ttl",
                 "5s",
-                "--tsig-key=a:hmac-sha256:AA==,b:hmac-sha256:BB==",
                 "--notify=127.0.0.1:53,127.0.0.1:54",
             ]
         );

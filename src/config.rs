@@ -125,7 +125,10 @@ macro_rules! settings {
         #[derive(Debug, Default, Clone, clap::Args)]
         #[command(after_help = "Durations are written like 90s, 500ms, 2m or 0.\n\
 API keys come from KODER_DNS_API_KEY (comma-separated) or `api_keys = [...]` in the config file; \
-with none, a key is generated into <data-dir>/api-key (mode 0600) and its path is logged.")]
+with none, a key is generated into <data-dir>/api-key (mode 0600) and its path is logged.\n\
+No secret is ever a flag (every user of the host can read a process's arguments): TSIG keys come \
+from KODER_DNS_TSIG_KEYS (NAME:ALG:BASE64, comma-separated) or `tsig_key` in the config file, the \
+etcd user's password from KODER_DNS_ETCD_PASSWORD.")]
         pub struct ServeArgs {
             /// TOML file with any of these settings in snake_case (e.g. dns_listen = "127.0.0.1:53").
             #[arg(long, env = "KODER_DNS_CONFIG", value_name = "FILE")]
@@ -264,10 +267,11 @@ settings! {
         "Blocking queries (?index=&wait=) held at once; more get 429.";
     allow_transfer: Networks = "none", "KODER_DNS_ALLOW_TRANSFER", "CIDRS", crate::dns::transfer::parse_allow,
         "Addresses or CIDRs (comma-separated) that may transfer the zones (AXFR, IXFR) without TSIG; \
-         none = only transfers signed with a --tsig-key.";
+         none = only transfers signed with a TSIG key (KODER_DNS_TSIG_KEYS).";
     tsig_key: crate::dns::tsig::Keys = "none", "KODER_DNS_TSIG_KEYS", "NAME:ALG:BASE64", crate::dns::tsig::parse_keys,
-        "TSIG key (repeatable, or comma-separated; hmac-sha256, hmac-sha384 or hmac-sha512): transfers \
-         signed with it are allowed from anywhere, and signed queries get signed answers.";
+        "TSIG keys, comma-separated (hmac-sha256, hmac-sha384 or hmac-sha512): transfers signed with one \
+         are allowed from anywhere, and signed queries get signed answers. A secret: from the environment \
+         or the config file only, never a flag.";
     notify: Targets = "none", "KODER_DNS_NOTIFY", "ADDR:PORT", targets,
         "Secondary told by NOTIFY of every serial change (repeatable, or comma-separated); coalesced \
          over 100ms, retried with back-off until it answers.";
@@ -289,6 +293,16 @@ settings! {
         crate::cluster::endpoints, "etcd v3 client URLs, comma-separated (with --store etcd).";
     etcd_prefix: String = "/koder-dns/", "KODER_DNS_ETCD_PREFIX", "PREFIX", crate::cluster::prefix,
         "Key prefix of this registry in etcd; nodes with the same prefix share one registry.";
+    etcd_cacert: MaybePath = "none", "KODER_DNS_ETCD_CACERT", "FILE", optional_path,
+        "PEM file of the CA that signed etcd's certificate, for https:// endpoints; none = the \
+         system's roots.";
+    etcd_cert: MaybePath = "none", "KODER_DNS_ETCD_CERT", "FILE", optional_path,
+        "PEM client certificate for an etcd started with --client-cert-auth (with --etcd-key).";
+    etcd_key: MaybePath = "none", "KODER_DNS_ETCD_KEY", "FILE", optional_path,
+        "PEM private key of --etcd-cert (PKCS#8, SEC1 or PKCS#1).";
+    etcd_user: crate::cluster::MaybeUser = "none", "KODER_DNS_ETCD_USER", "NAME", crate::cluster::user,
+        "etcd user, for an etcd with auth enabled; its password comes from KODER_DNS_ETCD_PASSWORD \
+         only, never a flag. A role granting readwrite on --etcd-prefix alone is enough.";
     keys_file: MaybePath = "none", "KODER_DNS_KEYS_FILE", "FILE", optional_path,
         "Scoped API keys: a TOML file of [[key]] tables (id, sha256, scope = admin|read|register, services \
          for register keys); digests only, made with `koder-dns keys new`. Re-read on SIGHUP.";
@@ -447,6 +461,21 @@ impl Config {
         {
             bail!("--dot-listen {addr} needs a certificate: give --tls-cert and --tls-key");
         }
+        if self.store == crate::cluster::StoreKind::Etcd {
+            self.etcd_connection()?;
+        }
         Ok(())
+    }
+
+    /// How to reach etcd (`--etcd-*`), the password from `KODER_DNS_ETCD_PASSWORD`.
+    pub fn etcd_connection(&self) -> anyhow::Result<crate::cluster::Connection> {
+        crate::cluster::Connection::from_env(
+            self.etcd_endpoints.clone(),
+            self.etcd_cacert.clone(),
+            self.etcd_cert.clone(),
+            self.etcd_key.clone(),
+            self.etcd_user.clone(),
+        )
+        .map_err(anyhow::Error::msg)
     }
 }

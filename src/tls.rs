@@ -104,22 +104,29 @@ impl Credentials {
     /// Reads `--tls-cert` and `--tls-key`. Each error names the file at fault: an unreadable
     /// or empty file, a certificate that does not parse, a key that does not match it.
     pub fn load(cert: &Path, key: &Path) -> Result<Self, FileError> {
-        let chain = read_certs("--tls-cert", cert)?;
-        let private = read_key("--tls-key", key)?;
+        Self::load_as(["--tls-cert", "--tls-key"], cert, key)
+    }
+
+    /// [`Self::load`] for the files that `flags` (the certificate's, the key's) name: a
+    /// client certificate (`--etcd-cert`, `--etcd-key`) too.
+    pub fn load_as(flags: [&'static str; 2], cert: &Path, key: &Path) -> Result<Self, FileError> {
+        let [cert_flag, key_flag] = flags;
+        let chain = read_certs(cert_flag, cert)?;
+        let private = read_key(key_flag, key)?;
         let (not_after, serial) = {
             let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0])
-                .map_err(|e| file_error("--tls-cert", cert, format!("the first certificate does not parse: {e}")))?;
+                .map_err(|e| file_error(cert_flag, cert, format!("the first certificate does not parse: {e}")))?;
             (leaf.validity().not_after.timestamp(), leaf.raw_serial_as_string())
         };
         let signing = provider()
             .key_provider
             .load_private_key(private)
-            .map_err(|e| file_error("--tls-key", key, format!("unusable private key: {e}")))?;
+            .map_err(|e| file_error(key_flag, key, format!("unusable private key: {e}")))?;
         let certified = CertifiedKey::new(chain, signing);
         // ring's keys all tell their public key, so "unknown" never passes for a match.
         certified.keys_match().map_err(|e| {
             file_error(
-                "--tls-key",
+                key_flag,
                 key,
                 format!("does not belong to the certificate in {} ({e})", cert.display()),
             )
@@ -191,6 +198,51 @@ pub fn trusting(builder: reqwest::ClientBuilder, ca: Option<&Path>) -> Result<re
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| file_error("--ca", path, e))?;
     Ok(builder.tls_certs_merge(certs))
+}
+
+/// A client certificate, always the same one, for every server that asks.
+#[derive(Debug)]
+struct ClientCert(Arc<CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for ClientCert {
+    fn resolve(&self, _: &[&[u8]], _: &[rustls::SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// A TLS client config (TLS 1.2 and 1.3) trusting only the CA certificates in the PEM file
+/// `ca` (with the flag that named it), or the system's roots without one, and presenting
+/// `identity` (checked to match its key, see [`Credentials::load_as`]) to a server that asks
+/// for a client certificate. The trust the etcd client (tonic) builds from the same files.
+pub fn client_config(
+    ca: Option<(&'static str, &Path)>,
+    identity: Option<&Credentials>,
+) -> Result<rustls::ClientConfig, FileError> {
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some((flag, path)) => {
+            for cert in read_certs(flag, path)? {
+                roots
+                    .add(cert)
+                    .map_err(|e| file_error(flag, path, format!("not a usable CA certificate: {e}")))?;
+            }
+        }
+        None => {
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+        }
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .expect("ring supports TLS 1.2 and 1.3")
+        .with_root_certificates(roots);
+    Ok(match identity {
+        Some(credentials) => builder.with_client_cert_resolver(Arc::new(ClientCert(credentials.certified.clone()))),
+        None => builder.with_no_client_auth(),
+    })
 }
 
 #[cfg(test)]

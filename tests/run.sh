@@ -20,6 +20,8 @@ need haproxy haproxy
 need knotd knot
 need kdig knot-dnsutils
 need etcd etcd-server
+# etcdctl: the etcd TLS tests make the limited role and user with it, as the README does.
+need etcdctl etcd-client
 # The TLS tests: curl and openssl s_client as clients (TLS 1.1 refused), openssl for an RSA key.
 need curl curl
 need openssl openssl

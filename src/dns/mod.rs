@@ -135,7 +135,7 @@ struct Zones {
     /// The zone files; a reload swaps them ([`Authority::replace_static_zones`]). A query or a
     /// transfer holds the set it started with.
     static_zones: ArcSwap<StaticZones>,
-    /// `--tsig-key`: requests signed with one are verified and answered signed. A reload
+    /// `tsig_key` (`KODER_DNS_TSIG_KEYS`): requests signed with one are verified and answered signed. A reload
     /// swaps them ([`Authority::replace_tsig_keys`]).
     tsig: ArcSwap<tsig::Keys>,
     soa_tail: SoaTail,

@@ -7,7 +7,7 @@
 //! and TXT at `<name>`, of its healthy live instances, TTL `--dns-ttl`); and one
 //! `<hex>.addr` record for each address an SRV target encodes (TTL 3600, as when asked).
 //! Who may transfer: an address in `--allow-transfer`, or anyone whose request is signed
-//! with a `--tsig-key`; everyone else gets REFUSED.
+//! with a TSIG key (`tsig_key`); everyone else gets REFUSED.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -118,7 +118,7 @@ pub fn answer(authority: &Authority, message: &[u8], src: SocketAddr, send: &mut
     });
     let mut out = Out::new(&request.metadata, query, signing, opt, now, send);
     if out.signing.is_none() && !zones.wire.transfer.allows(src.ip()) {
-        tracing::info!(%src, zone = %query.name(), "transfer refused: not in --allow-transfer and not signed with a --tsig-key");
+        tracing::info!(%src, zone = %query.name(), "transfer refused: not in --allow-transfer and not signed with a TSIG key (KODER_DNS_TSIG_KEYS)");
         return out.refuse(ResponseCode::Refused);
     }
     // The serial the secondary holds, from the SOA in the authority section of an IXFR.

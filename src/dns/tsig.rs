@@ -39,7 +39,7 @@ impl std::fmt::Debug for Keys {
     }
 }
 
-/// Parses `--tsig-key`: comma-separated `NAME:ALGORITHM:BASE64` keys, or `none`.
+/// Parses `tsig_key` (`KODER_DNS_TSIG_KEYS`): comma-separated `NAME:ALGORITHM:BASE64` keys, or `none`.
 pub fn parse_keys(text: &str) -> Result<Keys, String> {
     let keys = text
         .split(',')
@@ -50,7 +50,7 @@ pub fn parse_keys(text: &str) -> Result<Keys, String> {
     Ok(Keys::new(&keys))
 }
 
-/// Parses `NAME:ALGORITHM:BASE64` (the form of `--tsig-key`; the algorithm as in BIND's
+/// Parses `NAME:ALGORITHM:BASE64` (the form of a `tsig_key`; the algorithm as in BIND's
 /// `key` statements: `hmac-sha256`, `hmac-sha384` or `hmac-sha512`).
 pub fn parse_key(text: &str) -> Result<TSigner, String> {
     let mut parts = text.trim().splitn(3, ':');

@@ -1098,6 +1098,39 @@ fn top_level_help_mentions_every_setting() {
     }
 }
 
+/// No secret is a flag: the help lists none (it names the variables instead), a secret given
+/// as a flag is refused without being repeated, and the variable still works.
+#[test]
+fn secrets_are_no_flags_the_help_names_their_variables_and_a_flag_is_refused() {
+    let mut command = binary();
+    command.args(["serve", "--help"]);
+    let out = run(command);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in ["--api-key ", "--tsig-key", "--etcd-password"] {
+        assert!(!help.contains(flag), "serve --help lists {flag}:\n{help}");
+    }
+    for env in ["KODER_DNS_API_KEY", "KODER_DNS_TSIG_KEYS", "KODER_DNS_ETCD_PASSWORD"] {
+        assert!(help.contains(env), "serve --help does not name {env}:\n{help}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "transfer.:hmac-sha256:c2VjcmV0LXNlY3JldC1zZWNyZXQ=";
+    let out = run(serve(dir.path(), &["--tsig-key", secret]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--tsig-key is not accepted") && stderr.contains("KODER_DNS_TSIG_KEYS"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("c2VjcmV0"), "the secret is repeated: {stderr}");
+    // The variable is read (a malformed key there stops the start, naming the setting).
+    let mut command = serve(dir.path(), &[]);
+    command.env("KODER_DNS_TSIG_KEYS", "not-a-key");
+    let out = run(command);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("tsig"), "{stderr}");
+}
+
 /// Environment variables are process-wide, so every environment-dependent check runs in a
 /// child process of this test binary (the ignored test below), alone.
 #[test]

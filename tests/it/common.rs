@@ -238,9 +238,22 @@ impl Pki {
     /// A server certificate with serial `serial` and its key (PKCS#8), written as
     /// `<name>.crt` and `<name>.key`; returns their paths.
     pub fn issue(&self, name: &str, serial: u8) -> (std::path::PathBuf, std::path::PathBuf) {
-        let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
         params.serial_number = Some(rcgen::SerialNumber::from(vec![0x4b, serial]));
+        self.sign(name, params)
+    }
+
+    /// A client certificate (extended key usage: client authentication) whose subject's CN is
+    /// `cn`, and its key, written as `<name>.crt` and `<name>.key`; returns their paths.
+    pub fn issue_client(&self, name: &str, cn: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        self.sign(name, params)
+    }
+
+    fn sign(&self, name: &str, params: rcgen::CertificateParams) -> (std::path::PathBuf, std::path::PathBuf) {
+        let key = rcgen::KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.ca).unwrap();
         let (cert_path, key_path) = (
             self.dir.path().join(format!("{name}.crt")),

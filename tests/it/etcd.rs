@@ -16,10 +16,11 @@ use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 use serde_json::{Value, json};
 
-use crate::child::{KEY, Proc, launch_ok};
+use crate::child::{KEY, Proc, Started, launch_ok};
 use crate::common;
 
 const ETCD: &str = "/usr/bin/etcd";
+const ETCDCTL: &str = "/usr/bin/etcdctl";
 const SECOND: i64 = 1_000_000_000;
 
 /// The etcd tests start 3 etcd members and 3 nodes each: one at a time, so that two of them
@@ -46,11 +47,91 @@ struct Member {
 struct Cluster {
     members: Vec<Member>,
     initial: String,
+    /// Set for a cluster started by [`Cluster::start_secured`].
+    secured: Option<Secured>,
     _tmp: tempfile::TempDir,
+}
+
+/// How a cluster runs as production ones do: TLS on its client URLs with a certificate from
+/// a private CA, client certificates required (`--client-cert-auth`), and auth enabled with
+/// a user `koder` whose one role grants readwrite on [`SECURED_PREFIX`] and nothing else.
+/// Its auth tokens are JWTs valid for [`TOKEN_TTL`] only, so a test sees them expire.
+struct Secured {
+    pki: common::Pki,
+    /// etcd's own certificate and key.
+    server: (PathBuf, PathBuf),
+    /// The client certificate of the nodes and of etcdctl. Its CN names no etcd user, so
+    /// nothing gets in by the certificate alone.
+    client: (PathBuf, PathBuf),
+    /// The key pair etcd signs its JWT auth tokens with.
+    jwt: (PathBuf, PathBuf),
+}
+
+const SECURED_PREFIX: &str = "/koder-dns/";
+const ROOT_PASSWORD: &str = "root-pw-of-the-test";
+const KODER_PASSWORD: &str = "koder-pw-7b1d3e0f2a";
+/// etcd's token TTL in the secured cluster: a node outlives many.
+const TOKEN_TTL: &str = "2s";
+
+impl Secured {
+    fn new() -> Self {
+        let pki = common::Pki::new();
+        let server = pki.issue("etcd", 1);
+        let client = pki.issue_client("node", "koder-dns-node");
+        let jwt_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let jwt = (pki.dir.path().join("jwt.pub"), pki.dir.path().join("jwt.key"));
+        std::fs::write(&jwt.0, jwt_key.public_key_pem()).unwrap();
+        std::fs::write(&jwt.1, jwt_key.serialize_pem()).unwrap();
+        Self {
+            pki,
+            server,
+            client,
+            jwt,
+        }
+    }
+
+    /// A client of etcd's HTTP endpoints (`/health`) with the client certificate.
+    fn http(&self) -> reqwest::Client {
+        let mut pem = std::fs::read(&self.client.0).unwrap();
+        pem.extend(std::fs::read(&self.client.1).unwrap());
+        koder_dns::tls::trusting(crate::common::http_builder(), Some(&self.pki.ca_path))
+            .unwrap()
+            .identity(reqwest::Identity::from_pem(&pem).unwrap())
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap()
+    }
 }
 
 impl Cluster {
     async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// A [`Secured`] cluster, its user and role made with etcdctl as the README says.
+    async fn start_secured() -> Self {
+        let cluster = Self::start_with(Some(Secured::new)).await;
+        // Before `auth enable`, etcd asks for no user.
+        cluster.etcdctl(&[], &["user", "add", "root", "--new-user-password", ROOT_PASSWORD]);
+        cluster.etcdctl(&[], &["role", "add", "koder"]);
+        cluster.etcdctl(
+            &[],
+            &[
+                "role",
+                "grant-permission",
+                "koder",
+                "readwrite",
+                SECURED_PREFIX,
+                "--prefix=true",
+            ],
+        );
+        cluster.etcdctl(&[], &["user", "add", "koder", "--new-user-password", KODER_PASSWORD]);
+        cluster.etcdctl(&[], &["user", "grant-role", "koder", "koder"]);
+        cluster.etcdctl(&[], &["auth", "enable"]);
+        cluster
+    }
+
+    async fn start_with(secured: Option<fn() -> Secured>) -> Self {
         assert!(
             Path::new(ETCD).exists(),
             "{ETCD} is missing: install Debian's etcd-server (tests/run.sh does)"
@@ -58,7 +139,7 @@ impl Cluster {
         // `free_port` lets its port go before etcd binds it, and a test running in parallel
         // can take it in between: then start again on other ports.
         for attempt in 1.. {
-            let cluster = Self::spawn_all();
+            let cluster = Self::spawn_all(secured.map(|make| make()));
             match cluster.healthy().await {
                 Ok(()) => return cluster,
                 Err(log) if attempt < 3 && log.contains("address already in use") => continue,
@@ -68,7 +149,41 @@ impl Cluster {
         unreachable!()
     }
 
-    fn spawn_all() -> Self {
+    /// Runs etcdctl against the cluster (with its CA and client certificate when secured) as
+    /// `user` (`["--user", NAME]`, the password from `ETCDCTL_PASSWORD`, or none); returns
+    /// its output, panicking unless it succeeded.
+    fn etcdctl(&self, user: &[&str], args: &[&str]) -> String {
+        let out = self.etcdctl_output(user, args);
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn etcdctl_output(&self, user: &[&str], args: &[&str]) -> std::process::Output {
+        let mut cmd = Command::new(ETCDCTL);
+        cmd.arg("--endpoints").arg(self.endpoints()).args(user).args(args);
+        if let Some(secured) = &self.secured {
+            cmd.arg("--cacert")
+                .arg(&secured.pki.ca_path)
+                .arg("--cert")
+                .arg(&secured.client.0)
+                .arg("--key")
+                .arg(&secured.client.1);
+        }
+        match user {
+            [_, "root"] => cmd.env("ETCDCTL_PASSWORD", ROOT_PASSWORD),
+            [_, "koder"] => cmd.env("ETCDCTL_PASSWORD", KODER_PASSWORD),
+            _ => cmd.env_remove("ETCDCTL_PASSWORD"),
+        };
+        cmd.env("ETCDCTL_API", "3")
+            .output()
+            .expect("run etcdctl (Debian's etcd-client; tests/run.sh installs it)")
+    }
+
+    fn spawn_all(secured: Option<Secured>) -> Self {
         let tmp = tempfile::tempdir().unwrap();
         let members: Vec<Member> = (0..3)
             .map(|i| Member {
@@ -87,6 +202,7 @@ impl Cluster {
         let mut cluster = Self {
             members,
             initial,
+            secured,
             _tmp: tmp,
         };
         for i in 0..3 {
@@ -97,10 +213,25 @@ impl Cluster {
 
     fn spawn(&mut self, i: usize) {
         let m = &self.members[i];
-        let client = format!("http://127.0.0.1:{}", m.client);
+        let client = format!("{}://127.0.0.1:{}", self.scheme(), m.client);
         let peer = format!("http://127.0.0.1:{}", m.peer);
         let log = std::fs::File::create(m.dir.with_extension("log")).unwrap();
-        let child = Command::new(ETCD)
+        let mut etcd = Command::new(ETCD);
+        if let Some(secured) = &self.secured {
+            etcd.arg("--cert-file")
+                .arg(&secured.server.0)
+                .arg("--key-file")
+                .arg(&secured.server.1)
+                .arg("--trusted-ca-file")
+                .arg(&secured.pki.ca_path)
+                .arg("--client-cert-auth")
+                .arg(format!(
+                    "--auth-token=jwt,pub-key={},priv-key={},sign-method=ES256,ttl={TOKEN_TTL}",
+                    secured.jwt.0.display(),
+                    secured.jwt.1.display()
+                ));
+        }
+        let child = etcd
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(&m.dir)
@@ -119,10 +250,14 @@ impl Cluster {
         self.members[i].child = Some(child);
     }
 
+    fn scheme(&self) -> &'static str {
+        if self.secured.is_some() { "https" } else { "http" }
+    }
+
     fn endpoints(&self) -> String {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client))
+            .map(|m| format!("{}://127.0.0.1:{}", self.scheme(), m.client))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -137,14 +272,17 @@ impl Cluster {
     /// Every running member healthy (it has a leader) within 20 s, or the log of the first
     /// that is not.
     async fn healthy(&self) -> Result<(), String> {
-        let client = crate::common::http_builder()
-            .timeout(Duration::from_secs(1))
-            .build()
-            .unwrap();
+        let client = match &self.secured {
+            Some(secured) => secured.http(),
+            None => crate::common::http_builder()
+                .timeout(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         for m in self.members.iter().filter(|m| m.child.is_some()) {
             loop {
-                let url = format!("http://127.0.0.1:{}/health", m.client);
+                let url = format!("{}://127.0.0.1:{}/health", self.scheme(), m.client);
                 if let Ok(r) = client.get(&url).send().await
                     && r.text().await.unwrap_or_default().contains("true")
                 {
@@ -1239,4 +1377,293 @@ async fn the_watcher_follows_a_cluster_through_the_loss_of_its_node() {
     let (watcher, view) = pending.await.unwrap();
     assert_eq!(domains(&view).len(), 3, "{view:?}");
     assert_eq!(watcher.last(), Some(&view[..]));
+}
+
+/// What etcd's members logged so far.
+impl Cluster {
+    fn logs(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| std::fs::read_to_string(m.dir.with_extension("log")).unwrap_or_default())
+            .collect()
+    }
+}
+
+fn path_text(path: &Path) -> String {
+    path.to_str().expect("a UTF-8 temporary path").to_owned()
+}
+
+/// A node of the secured cluster: the TLS files and the user as flags (`how` 0), as
+/// `KODER_DNS_ETCD_*` variables (1) or as config-file keys (2); the password from
+/// `KODER_DNS_ETCD_PASSWORD` always; under `prefix`. `extra` comes after.
+fn secured_node(cluster: &Cluster, dir: &Path, how: usize, prefix: &str, extra: &[&str]) -> Command {
+    let secured = cluster.secured.as_ref().expect("a secured cluster");
+    let settings = [
+        ("cacert", path_text(&secured.pki.ca_path)),
+        ("cert", path_text(&secured.client.0)),
+        ("key", path_text(&secured.client.1)),
+        ("user", "koder".to_owned()),
+    ];
+    let endpoints = cluster.endpoints();
+    let mut args: Vec<String> = node_args(&endpoints, prefix).into_iter().map(str::to_owned).collect();
+    std::fs::create_dir_all(dir).unwrap();
+    match how {
+        0 => {
+            for (name, value) in &settings {
+                args.extend([format!("--etcd-{name}"), value.clone()]);
+            }
+        }
+        2 => {
+            let config = dir.join("koder-dns.toml");
+            let text: String = settings
+                .iter()
+                .map(|(name, value)| format!("etcd_{name} = {value:?}\n"))
+                .collect();
+            std::fs::write(&config, text).unwrap();
+            args.extend(["--config".to_owned(), path_text(&config)]);
+        }
+        _ => {}
+    }
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = crate::child::command(dir, &args);
+    cmd.env("KODER_DNS_ETCD_PASSWORD", KODER_PASSWORD);
+    if how == 1 {
+        for (name, value) in &settings {
+            cmd.env(format!("KODER_DNS_ETCD_{}", name.to_uppercase()), value);
+        }
+    }
+    cmd
+}
+
+/// Neither the arguments nor the log of `node` hold the etcd password.
+fn assert_no_password(node: &Proc) {
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", node.child.id())).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&cmdline).contains(KODER_PASSWORD),
+        "the password is in /proc/PID/cmdline"
+    );
+    assert!(!node.stderr().contains(KODER_PASSWORD), "the password is in the log");
+}
+
+/// etcd as production runs it: TLS with a private CA, client certificates required, auth on,
+/// and a user whose role grants readwrite on the prefix alone (etcdctl refuses that user
+/// anything else). Three nodes, given the TLS files and the user by flags, by environment
+/// variables and by the config file, register, answer and follow each other through it, and
+/// go on after etcd's auth tokens expire (JWTs of 2 s; a simple token's TTL is renewed by every
+/// use, so a node, which calls etcd every 500 ms, never outlives one). The password is in no
+/// node's arguments or log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd and etcdctl (tests/run.sh installs etcd-server and etcd-client)"]
+async fn three_nodes_work_through_etcd_with_tls_client_certificates_and_a_role_limited_to_the_prefix() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start_secured().await;
+    let outside = cluster.etcdctl_output(&["--user", "koder"], &["get", "/elsewhere"]);
+    assert!(
+        !outside.status.success() && String::from_utf8_lossy(&outside.stderr).contains("permission denied"),
+        "the role must grant nothing outside {SECURED_PREFIX}: {outside:?}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let mut procs = Vec::new();
+    for how in 0..3 {
+        let cmd = secured_node(&cluster, &tmp.path().join(format!("n{how}")), how, SECURED_PREFIX, &[]);
+        procs.push(match crate::child::launch_command(cmd).await {
+            Started::Up(proc) => proc,
+            Started::Exited { status, stderr } => panic!("node {how} exited at start with {status}:\n{stderr}"),
+        });
+    }
+    let client = client();
+    let everywhere = async |service: &str, want: usize| {
+        for node in &procs {
+            until(
+                &format!("{service}: {want} SRV answers from {}", node.dns),
+                Duration::from_secs(5),
+                async || srv(node.dns, service).await == want,
+            )
+            .await;
+        }
+    };
+    // Each node registers a service of its own, which every node then answers.
+    let register_on_each = async |prefix: &str| {
+        for (i, node) in procs.iter().enumerate() {
+            let service = format!("{prefix}{i}");
+            let (status, body) = post(
+                &client,
+                node,
+                "/services/register",
+                &instance(&service, &service, i, 60 * SECOND),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            everywhere(&service, 1).await;
+        }
+    };
+    register_on_each("tls").await;
+
+    // etcd refuses a node's expired token at least once; the node authenticates again and
+    // every operation goes on: registrations, heartbeats, deregistrations, and the watches
+    // that carry each to the other nodes.
+    until("etcd refuses an expired token", Duration::from_secs(15), async || {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        cluster.logs().contains("invalid auth token")
+    })
+    .await;
+    // One TOKEN_TTL more: every token a node got at its start has expired by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    register_on_each("later").await;
+    let (status, body) = post(&client, &procs[2], "/services/heartbeat", &json!({"id": "tls0"})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post(&client, &procs[0], "/services/deregister", &json!({"id": "tls1"})).await;
+    assert_eq!(status, 200, "{body}");
+    everywhere("tls1", 0).await;
+
+    // Every key the nodes wrote is under the prefix, and none was refused to them.
+    let keys = cluster.etcdctl(&["--user", "root"], &["get", "", "--from-key", "--keys-only"]);
+    let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+    assert!(
+        keys.iter()
+            .any(|k| k.starts_with(&format!("{SECURED_PREFIX}instances/"))),
+        "{keys:?}"
+    );
+    assert!(
+        keys.iter().all(|k| k.starts_with(SECURED_PREFIX)),
+        "keys outside the prefix: {keys:?}"
+    );
+    for node in &procs {
+        assert_eq!(healthz(&client, node).await["disk"]["state"], "ok");
+        assert!(!node.stderr().contains("permission denied"), "{}", node.stderr());
+        assert_no_password(node);
+    }
+}
+
+/// etcd refuses the node: a CA that did not sign etcd's certificate, no client certificate
+/// or one from another CA, a wrong password, a role without the prefix. Each start fails
+/// within 10 s with exit 2, naming etcd and what it refused, and no password in the message.
+/// `migrate --to-etcd` takes the same settings (here from the environment) and refuses alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd and etcdctl (tests/run.sh installs etcd-server and etcd-client)"]
+async fn a_wrong_ca_client_certificate_password_or_role_fails_the_start_within_10s_saying_which() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start_secured().await;
+    let stranger = common::Pki::new();
+    let (foreign_cert, foreign_key) = stranger.issue_client("foreign", "koder");
+    let (other_ca, foreign_cert, foreign_key) = (
+        path_text(&stranger.ca_path),
+        path_text(&foreign_cert),
+        path_text(&foreign_key),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    /// A start etcd refuses: under `prefix`, with `extra` flags (over the settings from the
+    /// environment) and `password`; its message must hold every one of `reasons`.
+    struct Refusal<'a> {
+        case: &'a str,
+        prefix: &'a str,
+        extra: Vec<&'a str>,
+        password: &'a str,
+        reasons: &'a [&'a str],
+    }
+    let refusal = |case, extra, reasons| Refusal {
+        case,
+        prefix: SECURED_PREFIX,
+        extra,
+        password: KODER_PASSWORD,
+        reasons,
+    };
+    let cases = [
+        Refusal {
+            password: "not-the-password",
+            ..refusal(
+                "wrong password",
+                vec![],
+                &["etcd refused the user koder", "wrong password"],
+            )
+        },
+        refusal(
+            "wrong CA",
+            vec!["--etcd-cacert", &other_ca],
+            &[
+                "etcd at https://127.0.0.1:",
+                "its certificate is not signed by the CA in --etcd-cacert",
+            ],
+        ),
+        refusal(
+            "no client certificate",
+            vec!["--etcd-cert", "none", "--etcd-key", "none"],
+            &[
+                "etcd at https://127.0.0.1:",
+                "requires a client certificate",
+                "--etcd-cert",
+            ],
+        ),
+        refusal(
+            "client certificate of another CA",
+            vec!["--etcd-cert", &foreign_cert, "--etcd-key", &foreign_key],
+            &[
+                "etcd at https://127.0.0.1:",
+                "rejected the client certificate --etcd-cert",
+            ],
+        ),
+        Refusal {
+            prefix: "/elsewhere/",
+            ..refusal(
+                "role without the prefix",
+                vec![],
+                &["etcd denied the user koder", "/elsewhere/", "permission denied"],
+            )
+        },
+    ];
+    for (i, refused) in cases.into_iter().enumerate() {
+        let Refusal {
+            case,
+            prefix,
+            extra,
+            password,
+            reasons,
+        } = refused;
+        // The settings from the environment, so that a flag can take one back.
+        let mut cmd = secured_node(&cluster, &tmp.path().join(format!("r{i}")), 1, prefix, &extra);
+        cmd.env("KODER_DNS_ETCD_PASSWORD", password);
+        let started = Instant::now();
+        let (status, stderr) = match crate::child::launch_command(cmd).await {
+            Started::Up(proc) => panic!("{case}: the node started:\n{}", proc.stderr()),
+            Started::Exited { status, stderr } => (status, stderr),
+        };
+        let took = started.elapsed();
+        assert_eq!(status.code(), Some(2), "{case}: {stderr}");
+        assert!(took < Duration::from_secs(10), "{case}: refused after {took:?}");
+        for reason in reasons {
+            assert!(stderr.contains(reason), "{case}: {reason:?} not in:\n{stderr}");
+        }
+        assert!(
+            !stderr.contains(KODER_PASSWORD) && !stderr.contains("not-the-password"),
+            "{case}: a password in the log:\n{stderr}"
+        );
+    }
+
+    let secured = cluster.secured.as_ref().unwrap();
+    let migrate = |password: &str| {
+        Command::new(env!("CARGO_BIN_EXE_koder-dns"))
+            .args(["migrate", "--to-etcd", "--etcd-prefix", SECURED_PREFIX])
+            .arg("--data-dir")
+            .arg(tmp.path().join("redb"))
+            .env("KODER_DNS_ETCD_ENDPOINTS", cluster.endpoints())
+            .env("KODER_DNS_ETCD_CACERT", &secured.pki.ca_path)
+            .env("KODER_DNS_ETCD_CERT", &secured.client.0)
+            .env("KODER_DNS_ETCD_KEY", &secured.client.1)
+            .env("KODER_DNS_ETCD_USER", "koder")
+            .env("KODER_DNS_ETCD_PASSWORD", password)
+            .output()
+            .expect("run migrate")
+    };
+    let refused = migrate("not-the-password");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("etcd refused the user koder"), "{stderr}");
+    let copied = migrate(KODER_PASSWORD);
+    assert!(
+        copied.status.success(),
+        "migrate: {}",
+        String::from_utf8_lossy(&copied.stderr)
+    );
+    assert!(String::from_utf8_lossy(&copied.stdout).contains("copied 0 instances"));
 }

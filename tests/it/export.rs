@@ -107,13 +107,18 @@ fn bin() -> &'static str {
 }
 
 /// Runs the binary with `args`, no KODER_DNS_* environment, within 20 s.
-async fn run(args: &[&str]) -> Output {
+/// The tool with `args`, the API key `key` in `KODER_DNS_API_KEY` (the only place it is
+/// taken from), and no other `KODER_DNS_*` variable.
+async fn run(key: Option<&str>, args: &[&str]) -> Output {
     let mut command = tokio::process::Command::new(bin());
     command.args(args).kill_on_drop(true);
     for (k, _) in std::env::vars() {
         if k.starts_with("KODER_DNS_") {
             command.env_remove(k);
         }
+    }
+    if let Some(key) = key {
+        command.env("KODER_DNS_API_KEY", key);
     }
     tokio::time::timeout(Duration::from_secs(20), command.output())
         .await
@@ -131,24 +136,16 @@ fn stderr(o: &Output) -> String {
 
 /// `koder-dns export --url <base> -o <file>`.
 async fn cli_export(base: &str, file: &Path) -> Output {
-    run(&["export", "--url", base, "--api-key", KEY, "-o", file.to_str().unwrap()]).await
+    run(Some(KEY), &["export", "--url", base, "-o", file.to_str().unwrap()]).await
 }
 
 async fn cli_drift(server: &TestServer, reference: &Path, json: bool) -> Output {
     let reference = reference.to_str().unwrap();
-    let mut args = vec![
-        "drift",
-        "--reference",
-        reference,
-        "--url",
-        &server.base,
-        "--api-key",
-        KEY,
-    ];
+    let mut args = vec!["drift", "--reference", reference, "--url", &server.base];
     if json {
         args.push("--json");
     }
-    run(&args).await
+    run(Some(KEY), &args).await
 }
 
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
@@ -700,7 +697,7 @@ async fn cli_export_writes_the_same_text_as_the_route() {
     );
 
     // `-o -` (the default) writes it to standard output.
-    let out = run(&["export", "--url", &server.base, "--api-key", KEY]).await;
+    let out = run(Some(KEY), &["export", "--url", &server.base]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
         stdout(&out) == route,
@@ -713,7 +710,7 @@ async fn cli_export_writes_the_same_text_as_the_route() {
     assert_eq!(out.status.code(), Some(2), "unreachable server: {}", stderr(&out));
     assert!(!stderr(&out).is_empty());
     assert!(!dir.path().join("x.toml").exists(), "nothing is written on error");
-    let out = run(&["export", "--url", &server.base, "--api-key", "wrong-key"]).await;
+    let out = run(Some("wrong-key"), &["export", "--url", &server.base]).await;
     assert_eq!(out.status.code(), Some(2), "wrong key: {}", stderr(&out));
     server.running.shutdown().await.expect("durable state flushed");
 }
@@ -818,15 +815,10 @@ async fn cli_drift_exits_2_on_errors() {
 
     // Unreachable server.
     let dead = dead_url();
-    let out = run(&[
-        "drift",
-        "--reference",
-        good.to_str().unwrap(),
-        "--url",
-        &dead,
-        "--api-key",
-        KEY,
-    ])
+    let out = run(
+        Some(KEY),
+        &["drift", "--reference", good.to_str().unwrap(), "--url", &dead],
+    )
     .await;
     assert_eq!(
         out.status.code(),
@@ -837,16 +829,10 @@ async fn cli_drift_exits_2_on_errors() {
     );
     assert!(!stderr(&out).is_empty(), "an error says why on stderr");
     // Same with --json: still an error, not a report.
-    let out = run(&[
-        "drift",
-        "--reference",
-        good.to_str().unwrap(),
-        "--url",
-        &dead,
-        "--api-key",
-        KEY,
-        "--json",
-    ])
+    let out = run(
+        Some(KEY),
+        &["drift", "--reference", good.to_str().unwrap(), "--url", &dead, "--json"],
+    )
     .await;
     assert_eq!(out.status.code(), Some(2));
 
@@ -889,15 +875,10 @@ async fn cli_drift_exits_2_on_errors() {
     );
 
     // A rejected key.
-    let out = run(&[
-        "drift",
-        "--reference",
-        good.to_str().unwrap(),
-        "--url",
-        &server.base,
-        "--api-key",
-        "wrong",
-    ])
+    let out = run(
+        Some("wrong"),
+        &["drift", "--reference", good.to_str().unwrap(), "--url", &server.base],
+    )
     .await;
     assert_eq!(
         out.status.code(),
@@ -922,18 +903,43 @@ async fn cli_export_reads_the_generated_key_from_the_data_dir() {
     let data_dir = data.path().to_str().unwrap();
 
     // No key anywhere: exit 2, saying where the key could come from.
-    let out = run(&["export", "--url", &server.base, "--data-dir", data_dir]).await;
+    let out = run(None, &["export", "--url", &server.base, "--data-dir", data_dir]).await;
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("--api-key"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("KODER_DNS_API_KEY"), "{}", stderr(&out));
 
     std::fs::write(data.path().join("api-key"), format!("{KEY}\n")).unwrap();
-    let out = run(&["export", "--url", &server.base, "--data-dir", data_dir]).await;
+    let out = run(None, &["export", "--url", &server.base, "--data-dir", data_dir]).await;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
         stdout(&out) == route,
         "stdout differs from the route:\n{}",
         stdout(&out)
     );
+}
+
+/// A key on the command line, where every user of the host can read it, is refused: export
+/// and drift take it from `KODER_DNS_API_KEY` only. The refusal names the variable and does
+/// not repeat the key.
+#[tokio::test]
+async fn a_key_given_as_a_flag_is_refused_pointing_at_the_environment_variable() {
+    let server = common::start().await;
+    let reference = tempfile::NamedTempFile::new().unwrap();
+    let reference = reference.path().to_str().unwrap();
+    let with_flag = format!("--api-key={KEY}");
+    for args in [
+        &["export", "--url", &server.base, "--api-key", KEY][..],
+        &["drift", "--url", &server.base, "--reference", reference, &with_flag],
+    ] {
+        let out = run(None, args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stdout(&out).is_empty(), "{args:?}: nothing ran");
+        let message = stderr(&out);
+        assert!(
+            message.contains("--api-key is not accepted") && message.contains("KODER_DNS_API_KEY"),
+            "{message}"
+        );
+        assert!(!message.contains(KEY), "the key is repeated: {message}");
+    }
 }
 
 /// `GET /services/drift` compares with the `--drift-reference` file, read on each request.

@@ -3,26 +3,50 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use etcd_client::{Client, ConnectOptions, Txn, TxnResponse};
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions, Txn, TxnResponse};
 
-use super::Etcd;
+use super::{Etcd, admission};
+use crate::cluster::Connection;
 use crate::store::StoreError;
 
 /// Longest wait for one etcd call; past it a write's outcome is unknown.
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Connects; etcd-client balances over the endpoints and fails over between them.
-pub(super) async fn connect(endpoints: &[String]) -> anyhow::Result<Client> {
-    let options = ConnectOptions::new()
+/// Connects; etcd-client balances over the endpoints and fails over between them. A
+/// setting etcd refuses (its certificate, the client certificate, the user, the permission on
+/// `prefix`) is an [`admission::Refused`] naming it.
+pub(super) async fn connect(connection: &Connection, prefix: &str) -> anyhow::Result<Client> {
+    admission::check_tls(connection).await?;
+    let mut options = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(1))
         .with_timeout(CALL_TIMEOUT)
         .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
         // A member cut off from the quorum cancels watches instead of going silent.
-        .with_require_leader(true);
-    Client::connect(endpoints, Some(options))
+        .with_require_leader(true)
+        // etcd's auth tokens expire (`--auth-token-ttl`, or a JWT's `ttl`) and die with the
+        // member that issued them: a call refused for its token authenticates again and is
+        // sent once more.
+        .with_auto_token_refresh(true);
+    if connection.tls() {
+        // The files are read and checked by `check_tls`, each error naming its flag.
+        let mut tls = TlsOptions::new();
+        tls = match &connection.cacert {
+            Some(path) => tls.ca_certificate(Certificate::from_pem(std::fs::read(path)?)),
+            None => tls.with_native_roots(),
+        };
+        if let (Some(cert), Some(key)) = (&connection.cert, &connection.key) {
+            tls = tls.identity(Identity::from_pem(std::fs::read(cert)?, std::fs::read(key)?));
+        }
+        options = options.with_tls(tls);
+    }
+    if let Some((user, password)) = &connection.user {
+        options = options.with_user(user, password);
+    }
+    let client = Client::connect(&connection.endpoints, Some(options))
         .await
-        .with_context(|| format!("cannot connect to etcd at {} (--etcd-endpoints)", endpoints.join(",")))
+        .map_err(|e| admission::explain_connect(connection, e))?;
+    admission::check_access(&client, connection, prefix).await?;
+    Ok(client)
 }
 
 pub(super) fn outcome_unknown(what: &str) -> StoreError {

@@ -13,14 +13,14 @@ use crate::model::instance::Instance;
 /// registry was being moved: it gets one full lease on the new one). Returns how many.
 pub async fn migrate(
     data_dir: &std::path::Path,
-    endpoints: &[String],
+    connection: &crate::cluster::Connection,
     prefix: &str,
     force: bool,
 ) -> anyhow::Result<usize> {
     let dir = data_dir.to_owned();
     let (db, path, loaded) = tokio::task::spawn_blocking(move || crate::store::redb::file::open(&dir)).await??;
     drop(db);
-    let mut client = connect(endpoints).await?;
+    let mut client = connect(connection, prefix).await?;
     let held = client
         .get(
             prefix.to_owned(),

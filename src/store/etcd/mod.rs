@@ -32,6 +32,7 @@
 //!   expires because its heartbeats could not be taken; the watch resumes from the last
 //!   applied revision (or reloads everything after a compaction).
 
+mod admission;
 mod client;
 mod follow;
 mod leader;
@@ -58,12 +59,14 @@ use super::{Backend, DiskStatus, IdLock, Membership, StoreError};
 use crate::model::clock::Nanos;
 use crate::model::instance::{Instance, Validated};
 use crate::registry::{Registered, Registry};
+pub use admission::Refused;
 use client::{CALL_TIMEOUT, connect, retrying};
 pub use members::MEMBER_TTL_S;
 pub use migrate::migrate;
 
 pub struct Settings {
-    pub endpoints: Vec<String>,
+    /// The endpoints, TLS and the user.
+    pub connection: crate::cluster::Connection,
     pub prefix: String,
     pub node_id: String,
     /// `--persist-interval`: renewals are written this often, so other nodes' leases get it as grace.
@@ -114,7 +117,7 @@ impl Etcd {
     /// Connects, loads the registry from etcd and starts following it. Fails when etcd
     /// cannot be read: a node that starts empty would answer NXDOMAIN for everything.
     pub async fn open(settings: Settings, registry: Arc<Registry>) -> anyhow::Result<Arc<Self>> {
-        let client = connect(&settings.endpoints).await?;
+        let client = connect(&settings.connection, &settings.prefix).await?;
         let etcd = Arc::new(Self {
             client,
             instances: format!("{}instances/", settings.prefix),
