@@ -45,7 +45,6 @@ async fn open_etcd(config: &Config, registry: &Arc<Registry>) -> anyhow::Result<
         endpoints: config.etcd_endpoints.clone(),
         prefix: config.etcd_prefix.clone(),
         node_id,
-        persist_interval: config.persist_interval,
         reaper_interval: config.reaper_interval,
     };
     let etcd = store::etcd::Etcd::open(settings, registry.clone()).await?;
@@ -282,7 +281,9 @@ pub fn main(args: ServeArgs) -> ExitCode {
             Ok(running) => running,
             Err(e) => {
                 eprintln!("koder-dns: {e:#}");
-                return ExitCode::from(1);
+                // A setting refused (a live node's --node-id) is a usage error, as a bad flag is.
+                let refused = e.chain().any(|cause| cause.is::<store::Refused>());
+                return ExitCode::from(if refused { 2 } else { 1 });
             }
         };
         wait_for_signal().await;

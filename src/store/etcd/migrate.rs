@@ -42,7 +42,7 @@ pub async fn migrate(
             .context("cannot clear the prefix")?;
     }
     let now = crate::model::clock::Clock::now(&crate::model::clock::SystemClock);
-    let instances = format!("{}instances/", prefix);
+    let instances = super::instances_key(prefix);
     let total = loaded.instances.len();
     for chunk in loaded.instances.chunks(TXN_RENEWALS) {
         let puts: Vec<TxnOp> = chunk
@@ -61,6 +61,11 @@ pub async fn migrate(
             .await
             .context("cannot write to etcd")?;
     }
+    // Once, at the end: the revision every node will show, above any they showed before.
+    client
+        .put(super::revision_key(prefix), "migrate", None)
+        .await
+        .context("cannot write to etcd")?;
     info!(from = %path.display(), total, "registry copied into etcd");
     Ok(total)
 }

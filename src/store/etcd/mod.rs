@@ -12,21 +12,26 @@
 //!   `mod_revision` with the one this node last applied and computed `created` and
 //!   `registered_at` from: when another node changed the key meanwhile the compare fails,
 //!   the node catches up and decides again; it never reads before writing.
-//! - Heartbeats renew in memory, as on redb; the renewals are written every
-//!   `--persist-interval` in grouped transactions, one Raft write per batch of 64 renewed
-//!   instances rather than one per heartbeat. Other nodes extend the lease when the write
-//!   reaches them, so each node's lease for an instance ends at the last renewal written +
-//!   TTL + `--persist-interval`.
+//! - The registry's revision is the `mod_revision` of `<prefix>revision`, put by every
+//!   transaction that alters an answer (registrations that change something, removals,
+//!   expiry deletes, health flips) and by nothing else, so renewals and memberships move
+//!   nothing and every node that applied the same events shows the same revision.
+//! - A heartbeat is answered 200 only once etcd holds its renewal: renewals are
+//!   group-committed (see [`renewals`]), each a put of the instance with its new
+//!   `updated_at`, compared on its `mod_revision`. Every node's lease for an instance ends
+//!   at that stored `updated_at` + TTL.
 //! - Every node hides an instance at the instant its lease ends, as on redb; one node, the
-//!   holder of the `<prefix>leader` key (on an etcd lease), deletes expired keys, each
-//!   compared on its `mod_revision` (a renewal that raced it wins) and on the leader key's
-//!   `create_revision` (a former leader's late delete fails).
+//!   holder of the `<prefix>leader` key (on an etcd lease), deletes expired keys as their
+//!   leases end, each compared on its `mod_revision` (a renewal that raced it wins) and on
+//!   the leader key's `create_revision` (a former leader's late delete fails).
 //! - Health checks are spread over the live nodes: each node keeps `<prefix>members/<id>`
 //!   on an etcd lease of [`MEMBER_TTL_S`] and follows the others' keys (see
 //!   the health checker for who probes what). The owner of an instance writes its
 //!   verdict at once (`Etcd::set_health`), compared on the key's `mod_revision`, and every
-//!   node takes the flag from its watch ([`Registry::renewed_elsewhere`]); renewal batches
-//!   carry the flag each node applied, compared the same way, so none overwrites a newer one.
+//!   node takes the flag from its watch ([`Registry::renewed_elsewhere`]); renewals carry
+//!   the flag the renewing node applied, compared the same way, so none overwrites a newer
+//!   one. A node cut off from etcd counts itself out of the live nodes a TTL after its last
+//!   renewal and stops probing. A second node with a live node's `--node-id` is refused.
 //! - etcd unreachable or without quorum: reads go on from the local copy, writes and
 //!   heartbeats get 503, and every lease is held at least one TTL ahead, so nothing
 //!   expires because its heartbeats could not be taken; the watch resumes from the last
@@ -45,11 +50,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use std::collections::BTreeSet;
+
 use anyhow::Context;
 use dashmap::DashMap;
-use etcd_client::Client;
+use etcd_client::{Client, Compare, CompareOp, Txn};
 use parking_lot::Mutex;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -66,16 +73,18 @@ pub struct Settings {
     pub endpoints: Vec<String>,
     pub prefix: String,
     pub node_id: String,
-    /// `--persist-interval`: renewals are written this often, so other nodes' leases get it as grace.
-    pub persist_interval: Duration,
-    /// `--reaper-interval`: how often the leader deletes what expired.
+    /// `--reaper-interval`: how often the leader sweeps for what expired before it led.
     pub reaper_interval: Duration,
 }
 
 pub struct Etcd {
     client: Client,
+    /// `<prefix>`: what the watch follows.
+    prefix: String,
     /// `<prefix>instances/`.
     instances: String,
+    /// `<prefix>revision`: its `mod_revision` is the registry's revision.
+    revision_key: String,
     leader_key: String,
     /// When the expiry leader last ran, on its clock: tells a start after every node was
     /// down how long heartbeats could not be taken (see [`Self::open`]).
@@ -95,7 +104,8 @@ pub struct Etcd {
     /// (another key's, a failed compare's) is only known applied through one.
     progress: Notify,
     reachable: AtomicBool,
-    grace: Nanos,
+    /// Heartbeats waiting for their group (see [`renewals`]).
+    renewals: mpsc::UnboundedSender<renewals::Renewal>,
     failures: AtomicU64,
     last_error: Mutex<Option<String>>,
     shutdown: CancellationToken,
@@ -104,10 +114,25 @@ pub struct Etcd {
     leader_lease: Mutex<Option<i64>>,
     /// `<prefix>members/`: one key per live node, on that node's own lease.
     members_prefix: String,
-    /// The live nodes' ids, sorted, as this node last saw them.
+    /// The live nodes' ids as this node last read them from etcd.
+    seen_members: Mutex<BTreeSet<Arc<str>>>,
+    /// Whether this node counts itself among them: not once its membership lease may
+    /// have ended (see `stay_member`).
+    counted: AtomicBool,
+    /// The live nodes' ids, sorted, as published to the health checker.
     members: watch::Sender<Arc<[Arc<str>]>>,
     /// The etcd lease of this node's membership key.
     member_lease: Mutex<Option<i64>>,
+}
+
+/// `<prefix>instances/`: one key per instance, its JSON.
+fn instances_key(prefix: &str) -> String {
+    format!("{prefix}instances/")
+}
+
+/// `<prefix>revision`: its `mod_revision` is the registry's revision.
+fn revision_key(prefix: &str) -> String {
+    format!("{prefix}revision")
 }
 
 impl Etcd {
@@ -115,9 +140,12 @@ impl Etcd {
     /// cannot be read: a node that starts empty would answer NXDOMAIN for everything.
     pub async fn open(settings: Settings, registry: Arc<Registry>) -> anyhow::Result<Arc<Self>> {
         let client = connect(&settings.endpoints).await?;
+        let (renewals, queue) = mpsc::unbounded_channel();
         let etcd = Arc::new(Self {
             client,
-            instances: format!("{}instances/", settings.prefix),
+            prefix: settings.prefix.clone(),
+            instances: instances_key(&settings.prefix),
+            revision_key: revision_key(&settings.prefix),
             leader_key: format!("{}leader", settings.prefix),
             alive_key: format!("{}alive_at", settings.prefix),
             node_id: settings.node_id,
@@ -127,13 +155,15 @@ impl Etcd {
             applying: Mutex::new(()),
             progress: Notify::new(),
             reachable: AtomicBool::new(true),
-            grace: settings.persist_interval.as_nanos() as i64,
+            renewals,
             failures: AtomicU64::new(0),
             last_error: Mutex::new(None),
             shutdown: CancellationToken::new(),
             tasks: Mutex::new(Vec::new()),
             leader_lease: Mutex::new(None),
             members_prefix: format!("{}members/", settings.prefix),
+            seen_members: Mutex::new(BTreeSet::new()),
+            counted: AtomicBool::new(true),
             members: watch::Sender::new(Arc::from([])),
             member_lease: Mutex::new(None),
         });
@@ -157,11 +187,23 @@ impl Etcd {
         // from its first moment; and before the load, so that the watch starts right after
         // the revision loaded (etcd delivers at once to a watch from its current revision,
         // and catches an older one up only every 100 ms).
-        let lease = tokio::time::timeout(Duration::from_secs(10), etcd.join())
+        let lease = match tokio::time::timeout(Duration::from_secs(10), etcd.join()).await {
+            Ok(Ok(lease)) => lease,
+            Ok(Err(e)) if e.is::<super::Refused>() => return Err(e),
+            Ok(Err(e)) => return Err(e.context("cannot join the live nodes in etcd")),
+            Err(_) => anyhow::bail!("cannot join the live nodes in etcd: etcd did not answer within 10s"),
+        };
+        // The revision key exists before the first load, so that every node's revision is
+        // a key's `mod_revision` from the start (and at least etcd's revision then, above
+        // what an older release showed).
+        let create = Txn::new()
+            .when([Compare::create_revision(etcd.revision_key.clone(), CompareOp::Equal, 0)])
+            .and_then([etcd.changed()]);
+        tokio::time::timeout(CALL_TIMEOUT, etcd.txn("revision key", create))
             .await
-            .map_err(|_| anyhow::anyhow!("etcd did not answer within 10s"))
+            .map_err(|_| anyhow::anyhow!("etcd did not answer within 2s"))
             .and_then(|r| r.map_err(anyhow::Error::from))
-            .context("cannot join the live nodes in etcd")?;
+            .context("cannot write the revision key to etcd")?;
         let members_revision = tokio::time::timeout(Duration::from_secs(10), etcd.load_members())
             .await
             .map_err(|_| anyhow::anyhow!("etcd did not answer within 10s"))
@@ -173,12 +215,11 @@ impl Etcd {
             .and_then(|r| r.map_err(anyhow::Error::from))
             .with_context(|| format!("cannot load the registry from etcd under {}", etcd.instances))?;
         info!(revision, instances = etcd.revisions.len(), node = %etcd.node_id, "registry loaded from etcd");
-        let renewals = etcd.registry.subscribe();
         let tasks = vec![
             tokio::spawn(etcd.clone().stay_member(lease)),
             tokio::spawn(etcd.clone().follow_members(members_revision)),
             tokio::spawn(etcd.clone().follow()),
-            tokio::spawn(etcd.clone().write_renewals(renewals, settings.persist_interval)),
+            tokio::spawn(etcd.clone().commit_renewals(queue)),
             tokio::spawn(etcd.clone().probe()),
             tokio::spawn(etcd.clone().lead(settings.reaper_interval)),
         ];
@@ -219,7 +260,7 @@ impl Etcd {
         }
     }
 
-    /// Writes the pending renewals, gives up the leader key (another node takes over at
+    /// Gives up the leader key (another node takes over at
     /// once, not after its lease), leaves the live nodes and stops following.
     async fn close(&self) -> Result<(), String> {
         self.shutdown.cancel();
@@ -244,16 +285,13 @@ impl Backend for Etcd {
         Etcd::register(self, new).await
     }
 
-    /// Renewed in memory; the renewals are written in grouped transactions every
-    /// `--persist-interval` (see [`renewals`]). An error when etcd is unreachable: the
-    /// renewal could not reach the other nodes.
+    /// Answered once etcd holds the renewal (see [`renewals`]).
     async fn heartbeat(
         &self,
         id: &str,
         answer: &mut (dyn for<'i> FnMut(&'i Instance) + Send),
     ) -> Result<bool, StoreError> {
-        self.writable()?;
-        Ok(self.registry.heartbeat_with(id, |instance| answer(instance)).is_some())
+        Etcd::heartbeat(self, id, answer).await
     }
 
     async fn deregister(&self, id: &str) -> Result<bool, StoreError> {

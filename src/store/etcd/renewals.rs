@@ -1,96 +1,200 @@
-//! Lease renewals: heartbeats renew in memory and are written every `--persist-interval`
-//! in grouped transactions, each renewal compared on its key's `mod_revision`.
+//! Heartbeats (R3): a heartbeat is answered `200` only once etcd holds its renewal.
+//!
+//! Renewals are group-committed: the ones that arrive while transactions are in flight go
+//! together in the next group (no timer: on an idle node each goes at once), up to
+//! [`TXN_RENEWALS`] per transaction, each compared on its key's `mod_revision` as this node
+//! last applied it, and each heartbeat is answered when the transaction carrying it commits.
+//! A renewal writes the instance's key with the new `updated_at` and nothing else, so it
+//! moves no revision and wakes no blocking query; every node's lease then ends at that
+//! stored `updated_at` + TTL.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-use tokio::sync::mpsc::UnboundedReceiver;
-use tracing::warn;
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use tokio::sync::{mpsc, oneshot};
 
 use super::Etcd;
-use crate::registry::Event;
+use super::write::RETRIES;
+use crate::model::instance::Instance;
+use crate::store::StoreError;
 
-/// Renewals (a compare and a put each) per transaction: etcd's `--max-txn-ops` is 128.
-pub(super) const TXN_RENEWALS: usize = 64;
+/// Renewals per transaction: etcd's `--max-txn-ops` (128) bounds the compares, and the puts
+/// with the revision key.
+pub(super) const TXN_RENEWALS: usize = 127;
+/// Most renewals taken into one group (its transactions go out together).
+const GROUP: usize = 16 * TXN_RENEWALS;
+
+/// A renewal waiting for its group.
+pub(super) struct Renewal {
+    instance: Instance,
+    /// The key's `mod_revision` as this node last applied it.
+    known: i64,
+    /// It confirms an instance parked by an outage: an answer changes.
+    changes: bool,
+    done: oneshot::Sender<Result<Outcome, StoreError>>,
+}
+
+#[derive(Clone, Debug)]
+enum Outcome {
+    /// Committed (and applied here): the instance as stored.
+    Taken(Instance),
+    /// The key is gone from etcd (expired or deregistered elsewhere).
+    Gone,
+    /// The key changed since it was read, to this `mod_revision`: catch up, decide again.
+    /// 0: it did not, another renewal of the transaction failed; send it again.
+    Changed(i64),
+}
+
+/// The renewals of one id in a group: the latest is written, all are answered by it (a key
+/// twice in one transaction is refused by etcd).
+struct Merged {
+    latest: Renewal,
+    earlier: Vec<oneshot::Sender<Result<Outcome, StoreError>>>,
+}
+
+impl Merged {
+    fn answer(self, outcome: Result<Outcome, StoreError>) {
+        for done in self.earlier {
+            let _ = done.send(outcome.clone());
+        }
+        let _ = self.latest.done.send(outcome);
+    }
+}
 
 impl Etcd {
-    /// Writes the renewed leases every `interval`, and once more at shutdown.
-    pub(super) async fn write_renewals(self: Arc<Self>, mut events: UnboundedReceiver<Event>, interval: Duration) {
-        let mut dirty = HashSet::new();
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let closing = tokio::select! {
-                _ = self.shutdown.cancelled() => true,
-                _ = tick.tick() => false,
+    /// R3 on etcd: renews `id` through the next group; `answer` sees the instance as stored.
+    pub(super) async fn heartbeat(
+        &self,
+        id: &str,
+        answer: &mut (dyn for<'i> FnMut(&'i Instance) + Send),
+    ) -> Result<bool, StoreError> {
+        self.writable()?;
+        let stopping = || StoreError::Unavailable("the server is shutting down".into());
+        for _ in 0..RETRIES {
+            // Read before the registry, as a registration does.
+            let Some(known) = self.revisions.get(id).map(|r| *r) else {
+                return Ok(false);
             };
-            while let Ok(event) = events.try_recv() {
-                if let Event::Renewed(id) = event {
-                    dirty.insert(id);
+            let Some((instance, changes)) = self.registry.renewal(id) else {
+                return Ok(false);
+            };
+            let (done, outcome) = oneshot::channel();
+            let renewal = Renewal {
+                instance,
+                known,
+                changes,
+                done,
+            };
+            self.renewals.send(renewal).map_err(|_| stopping())?;
+            match outcome.await.map_err(|_| stopping())?? {
+                Outcome::Taken(stored) => {
+                    answer(&stored);
+                    return Ok(true);
                 }
+                Outcome::Gone => return Ok(false),
+                Outcome::Changed(revision) => self.wait_applied(revision).await?,
             }
-            if !dirty.is_empty() && (closing || self.reachable.load(Ordering::Acquire)) {
-                dirty = self.write_batch(std::mem::take(&mut dirty)).await;
-            }
-            if closing {
-                if !dirty.is_empty() {
-                    warn!(pending = dirty.len(), "renewals not written to etcd at shutdown");
-                }
+        }
+        Err(StoreError::Unavailable(
+            "the instance kept changing on other nodes during this heartbeat; retry".into(),
+        ))
+    }
+
+    /// Takes every renewal waiting, writes them (in transactions sent together), answers
+    /// them, and takes the next group: while one group is in flight the next gathers.
+    pub(super) async fn commit_renewals(self: Arc<Self>, mut queue: mpsc::UnboundedReceiver<Renewal>) {
+        let mut taken = Vec::with_capacity(GROUP);
+        loop {
+            let received = tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => return,
+                received = queue.recv_many(&mut taken, GROUP) => received,
+            };
+            if received == 0 {
                 return;
             }
+            let mut group: Vec<Merged> = Vec::with_capacity(taken.len());
+            let mut index: HashMap<Arc<str>, usize> = HashMap::with_capacity(taken.len());
+            for renewal in taken.drain(..) {
+                let id: Arc<str> = renewal.instance.id.as_str().into();
+                match index.get(&id) {
+                    Some(&i) => {
+                        let merged = &mut group[i];
+                        let changes = merged.latest.changes || renewal.changes;
+                        let earlier = std::mem::replace(&mut merged.latest, renewal);
+                        merged.latest.changes = changes;
+                        merged.earlier.push(earlier.done);
+                    }
+                    None => {
+                        index.insert(id, group.len());
+                        group.push(Merged {
+                            latest: renewal,
+                            earlier: Vec::new(),
+                        });
+                    }
+                }
+            }
+            let mut sends = tokio::task::JoinSet::new();
+            while !group.is_empty() {
+                let chunk: Vec<Merged> = group.drain(..group.len().min(TXN_RENEWALS)).collect();
+                sends.spawn(self.clone().commit(chunk));
+            }
+            while sends.join_next().await.is_some() {}
         }
     }
 
-    /// Writes renewals, each compared on the revision this node knows of its key: a key
-    /// re-registered, deregistered or expired elsewhere meanwhile keeps that change.
-    /// Returns the ids to try again.
-    pub(super) async fn write_batch(&self, ids: HashSet<Arc<str>>) -> HashSet<Arc<str>> {
-        let renewals: Vec<(Arc<str>, i64, Vec<u8>)> = ids
-            .into_iter()
-            .filter_map(|id| {
-                let known = *self.revisions.get(&id)?;
-                let instance = self.registry.to_persist(&id)?;
-                Some((id, known, serde_json::to_vec(&instance).expect("instances serialise")))
+    /// One transaction: every renewal of `chunk` if every key is still where this node
+    /// knows it, else where each key stands (one round trip to sort them out).
+    async fn commit(self: Arc<Self>, chunk: Vec<Merged>) {
+        let keys: Vec<String> = chunk.iter().map(|m| self.key(&m.latest.instance.id)).collect();
+        let compares: Vec<Compare> = chunk
+            .iter()
+            .zip(&keys)
+            .map(|(m, key)| Compare::mod_revision(key.clone(), CompareOp::Equal, m.latest.known))
+            .collect();
+        let mut puts: Vec<TxnOp> = chunk
+            .iter()
+            .zip(&keys)
+            .map(|(m, key)| {
+                let json = serde_json::to_vec(&m.latest.instance).expect("instances serialise");
+                TxnOp::put(key.clone(), json, None)
             })
             .collect();
-        let mut retry = HashSet::new();
-        for chunk in renewals.chunks(TXN_RENEWALS) {
-            let txn = |renewals: &[(Arc<str>, i64, Vec<u8>)]| {
-                let compares: Vec<Compare> = renewals
-                    .iter()
-                    .map(|(id, known, _)| Compare::mod_revision(self.key(id), CompareOp::Equal, *known))
-                    .collect();
-                let puts: Vec<TxnOp> = renewals
-                    .iter()
-                    .map(|(id, _, json)| TxnOp::put(self.key(id), json.clone(), None))
-                    .collect();
-                Txn::new().when(compares).and_then(puts)
-            };
-            match self.txn("renewals", txn(chunk)).await {
-                Ok(answer) if answer.succeeded() => {}
-                Ok(_) => {
-                    // One of them changed since this node last applied it: the others still
-                    // go, one by one. A failed one is tried again at the next batch with the
-                    // revision known then (this node's own previous batch may simply not
-                    // have come back through the watch yet); one deleted meanwhile is not.
-                    for one in chunk.chunks(1) {
-                        match self.txn("renewal", txn(one)).await {
-                            Ok(answer) if answer.succeeded() => {}
-                            _ => {
-                                retry.insert(one[0].0.clone());
-                            }
-                        }
-                    }
-                }
-                Err(e) => {
-                    self.failed(&e.to_string());
-                    retry.extend(chunk.iter().map(|(id, _, _)| id.clone()));
-                }
-            }
+        if chunk.iter().any(|m| m.latest.changes) {
+            puts.push(self.changed());
         }
-        retry
+        let gets: Vec<TxnOp> = keys.iter().map(|key| TxnOp::get(key.clone(), None)).collect();
+        let txn = Txn::new().when(compares).and_then(puts).or_else(gets);
+        let answer = match self.txn("renewals", txn).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                for merged in chunk {
+                    merged.answer(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        if answer.succeeded() {
+            let revision = answer.header().map_or(0, |h| h.revision());
+            for merged in chunk {
+                self.applied_here(&merged.latest.instance, revision);
+                let stored = merged.latest.instance.clone();
+                merged.answer(Ok(Outcome::Taken(stored)));
+            }
+            return;
+        }
+        let standing = answer.op_responses();
+        for (i, merged) in chunk.into_iter().enumerate() {
+            let outcome = match standing.get(i) {
+                Some(TxnOpResponse::Get(range)) => match range.kvs().first() {
+                    None => Outcome::Gone,
+                    Some(kv) if kv.mod_revision() == merged.latest.known => Outcome::Changed(0),
+                    Some(kv) => Outcome::Changed(kv.mod_revision()),
+                },
+                _ => Outcome::Changed(0),
+            };
+            merged.answer(Ok(outcome));
+        }
     }
 }
