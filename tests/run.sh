@@ -20,6 +20,7 @@ need haproxy haproxy
 need knotd knot
 need kdig knot-dnsutils
 need etcd etcd-server
+need etcdctl etcd-client
 # The etcd client (cargo feature `etcd`) is generated at build time by protoc, which also
 # needs the protobuf well-known types (google/protobuf/*.proto, in libprotobuf-dev).
 need protoc protobuf-compiler

@@ -84,8 +84,18 @@ impl Etcd {
         let started = Instant::now();
         let result = match tokio::time::timeout(CALL_TIMEOUT, retrying(&self.client, call)).await {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => Err(classify(e, what)),
-            Err(_) => Err(outcome_unknown(what)),
+            Ok(Err(e)) => {
+                let gone = refused(&e);
+                let error = classify(e, what);
+                if gone || matches!(error, StoreError::OutcomeUnknown(_)) {
+                    self.suspect();
+                }
+                Err(error)
+            }
+            Err(_) => {
+                self.suspect();
+                Err(outcome_unknown(what))
+            }
         };
         // The same series as redb's commits: an operator's dashboard works for both stores.
         crate::metrics::store_commit(result.is_ok(), started.elapsed());

@@ -27,35 +27,45 @@ impl Etcd {
     /// refused ([`Refused`]): two nodes with one id would share one membership key and one
     /// share of the health checks.
     pub(super) async fn join(&self) -> anyhow::Result<i64> {
-        let lease = retrying(&self.client, |mut client| async move {
-            client.lease_grant(MEMBER_TTL_S, None).await
-        })
-        .await?
-        .id();
         let key = format!("{}{}", self.members_prefix, self.node_id);
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key.clone(),
-                self.node_id.clone(),
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
         let deadline = Instant::now() + Duration::from_secs(MEMBER_TTL_S as u64 + 1);
-        loop {
-            let answer = retrying(&self.client, |mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
+        let lease = loop {
+            let held = retrying(&self.client, |mut client| {
+                let key = key.clone();
+                async move { client.get(key, Some(GetOptions::new().with_count_only())).await }
             })
-            .await?;
-            if answer.succeeded() {
-                break;
-            }
-            if Instant::now() >= deadline {
+            .await?
+            .count()
+                > 0;
+            if !held {
+                let lease = retrying(&self.client, |mut client| async move {
+                    client.lease_grant(MEMBER_TTL_S, None).await
+                })
+                .await?
+                .id();
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        key.clone(),
+                        self.node_id.clone(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    )]);
+                let answer = retrying(&self.client, |mut client| {
+                    let txn = txn.clone();
+                    async move { client.txn(txn).await }
+                })
+                .await?;
+                if answer.succeeded() {
+                    break lease;
+                }
+                // Taken in between: by a live node, as far as this one can tell.
                 let _ = retrying(
                     &self.client,
                     |mut client| async move { client.lease_revoke(lease).await },
                 )
                 .await;
+            }
+            if Instant::now() >= deadline {
                 return Err(Refused(format!(
                     "--node-id {}: a live node holds this id (etcd key {key}); give each node its own --node-id",
                     self.node_id
@@ -63,7 +73,7 @@ impl Etcd {
                 .into());
             }
             self.pause(Duration::from_millis(200)).await;
-        }
+        };
         *self.member_lease.lock() = Some(lease);
         info!(node = %self.node_id, ttl_s = MEMBER_TTL_S, "joined the live nodes");
         Ok(lease)

@@ -54,7 +54,7 @@ use std::collections::BTreeSet;
 
 use anyhow::Context;
 use dashmap::DashMap;
-use etcd_client::{Client, Compare, CompareOp, Txn};
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
@@ -89,6 +89,9 @@ pub struct Etcd {
     /// When the expiry leader last ran, on its clock: tells a start after every node was
     /// down how long heartbeats could not be taken (see [`Self::open`]).
     alive_key: String,
+    /// `<prefix>outage`: the last time every node was down, as the first node to start
+    /// after it found it (see [`Self::blind_while_no_node_ran`]).
+    outage_key: String,
     node_id: String,
     registry: Arc<Registry>,
     /// The `mod_revision` of every key this node applied: what a registration compares on.
@@ -104,6 +107,8 @@ pub struct Etcd {
     /// (another key's, a failed compare's) is only known applied through one.
     progress: Notify,
     reachable: AtomicBool,
+    /// Asks the probe to look at once (see [`Self::suspect`]).
+    suspected: Notify,
     /// Heartbeats waiting for their group (see [`renewals`]).
     renewals: mpsc::UnboundedSender<renewals::Renewal>,
     failures: AtomicU64,
@@ -148,6 +153,7 @@ impl Etcd {
             revision_key: revision_key(&settings.prefix),
             leader_key: format!("{}leader", settings.prefix),
             alive_key: format!("{}alive_at", settings.prefix),
+            outage_key: format!("{}outage", settings.prefix),
             node_id: settings.node_id,
             registry,
             revisions: DashMap::new(),
@@ -155,6 +161,7 @@ impl Etcd {
             applying: Mutex::new(()),
             progress: Notify::new(),
             reachable: AtomicBool::new(true),
+            suspected: Notify::new(),
             renewals,
             failures: AtomicU64::new(0),
             last_error: Mutex::new(None),
@@ -167,22 +174,7 @@ impl Etcd {
             members: watch::Sender::new(Arc::from([])),
             member_lease: Mutex::new(None),
         });
-        // After every node was down, leases that ran out meanwhile are kept unserved until
-        // their registrants are heard from, as after a single node's restart, instead of
-        // being deleted at once (and every registrant getting 410). With other nodes
-        // running, the leader wrote this a moment ago and nothing is parked.
-        let alive = retrying(&etcd.client, |mut client| {
-            let key = etcd.alive_key.clone();
-            async move { client.get(key, None).await }
-        });
-        if let Ok(Ok(alive)) = tokio::time::timeout(CALL_TIMEOUT, alive).await
-            && let Some(at) = alive
-                .kvs()
-                .first()
-                .and_then(|kv| kv.value_str().ok()?.parse::<Nanos>().ok())
-        {
-            etcd.registry.blind_between(at, etcd.registry.now());
-        }
+        etcd.blind_while_no_node_ran(settings.reaper_interval).await;
         // Joined before serving, so that this node's share of the health checks is known
         // from its first moment; and before the load, so that the watch starts right after
         // the revision loaded (etcd delivers at once to a watch from its current revision,
@@ -225,6 +217,46 @@ impl Etcd {
         ];
         *etcd.tasks.lock() = tasks;
         Ok(etcd)
+    }
+
+    /// After every node was down, leases that ran out meanwhile are kept unserved until
+    /// their registrants are heard from (a heartbeat, a re-registration or the owner's
+    /// passing check), as after a single node's restart, instead of being deleted at once
+    /// (and every registrant getting 410). The expiry leader stamps `alive_at` every
+    /// `reaper_interval`: with other nodes running, it did a moment ago and nothing is
+    /// parked. The first node to start after a longer gap stores it as `outage`, so that
+    /// the nodes starting after it (which find `alive_at` fresh again) park the same
+    /// instances, and the owner's verdict confirms them on every node.
+    async fn blind_while_no_node_ran(&self, reaper_interval: Duration) {
+        let get = |key: String| async move {
+            let read = retrying(&self.client, |mut client| {
+                let key = key.clone();
+                async move { client.get(key, None).await }
+            });
+            match tokio::time::timeout(CALL_TIMEOUT, read).await {
+                Ok(Ok(answer)) => answer
+                    .kvs()
+                    .first()
+                    .and_then(|kv| kv.value_str().ok().map(str::to_owned)),
+                _ => None,
+            }
+        };
+        let now = self.registry.now();
+        if let Some(at) = get(self.alive_key.clone()).await.and_then(|v| v.parse::<Nanos>().ok()) {
+            self.registry.blind_between(at, now);
+            // Longer than a leader leaves it unstamped, failing over included: no node ran.
+            let quiet = reaper_interval + Duration::from_secs(leader::LEADER_TTL_S as u64 + 2);
+            if now.saturating_sub(at) > quiet.as_nanos() as Nanos {
+                let put = TxnOp::put(self.outage_key.clone(), format!("{at} {now}"), None);
+                let _ = self.txn("outage stamp", Txn::new().and_then([put])).await;
+            }
+        }
+        if let Some((from, to)) = get(self.outage_key.clone())
+            .await
+            .and_then(|v| Some((v.split_once(' ')?.0.parse().ok()?, v.split_once(' ')?.1.parse().ok()?)))
+        {
+            self.registry.blind_between(from, to);
+        }
     }
 
     pub(super) fn key(&self, id: &str) -> String {
