@@ -5,7 +5,7 @@ use etcd_client::{DeleteOptions, GetOptions, Txn, TxnOp};
 use tracing::info;
 
 use super::client::connect;
-use super::renewals::TXN_RENEWALS;
+use super::group::TXN_WRITES;
 use crate::model::instance::Instance;
 
 /// `koder-dns migrate --to-etcd`: copies the redb registry under `--data-dir` into etcd,
@@ -44,7 +44,7 @@ pub async fn migrate(
     let now = crate::model::clock::Clock::now(&crate::model::clock::SystemClock);
     let instances = super::instances_key(prefix);
     let total = loaded.instances.len();
-    for chunk in loaded.instances.chunks(TXN_RENEWALS) {
+    for chunk in loaded.instances.chunks(TXN_WRITES) {
         let puts: Vec<TxnOp> = chunk
             .iter()
             .map(|instance| {

@@ -17,7 +17,7 @@
 //!   expiry deletes, health flips) and by nothing else, so renewals and memberships move
 //!   nothing and every node that applied the same events shows the same revision.
 //! - A heartbeat is answered 200 only once etcd holds its renewal: renewals are
-//!   group-committed (see [`renewals`]), each a put of the instance with its new
+//!   group-committed (see [`group`]), each a put of the instance with its new
 //!   `updated_at`, compared on its `mod_revision`. Every node's lease for an instance ends
 //!   at that stored `updated_at` + TTL.
 //! - Every node hides an instance at the instant its lease ends, as on redb; one node, the
@@ -39,11 +39,11 @@
 
 mod client;
 mod follow;
+mod group;
 mod leader;
 mod members;
 mod migrate;
 mod probe;
-mod renewals;
 mod write;
 
 use std::sync::Arc;
@@ -109,8 +109,8 @@ pub struct Etcd {
     reachable: AtomicBool,
     /// Asks the probe to look at once (see [`Self::suspect`]).
     suspected: Notify,
-    /// Heartbeats waiting for their group (see [`renewals`]).
-    renewals: mpsc::UnboundedSender<renewals::Renewal>,
+    /// Writes of instances waiting for their group (see [`group`]).
+    writes: mpsc::UnboundedSender<group::Write>,
     failures: AtomicU64,
     last_error: Mutex<Option<String>>,
     shutdown: CancellationToken,
@@ -145,7 +145,7 @@ impl Etcd {
     /// cannot be read: a node that starts empty would answer NXDOMAIN for everything.
     pub async fn open(settings: Settings, registry: Arc<Registry>) -> anyhow::Result<Arc<Self>> {
         let client = connect(&settings.endpoints).await?;
-        let (renewals, queue) = mpsc::unbounded_channel();
+        let (writes, queue) = mpsc::unbounded_channel();
         let etcd = Arc::new(Self {
             client,
             prefix: settings.prefix.clone(),
@@ -162,7 +162,7 @@ impl Etcd {
             progress: Notify::new(),
             reachable: AtomicBool::new(true),
             suspected: Notify::new(),
-            renewals,
+            writes,
             failures: AtomicU64::new(0),
             last_error: Mutex::new(None),
             shutdown: CancellationToken::new(),
@@ -211,7 +211,7 @@ impl Etcd {
             tokio::spawn(etcd.clone().stay_member(lease)),
             tokio::spawn(etcd.clone().follow_members(members_revision)),
             tokio::spawn(etcd.clone().follow()),
-            tokio::spawn(etcd.clone().commit_renewals(queue)),
+            tokio::spawn(etcd.clone().commit_writes(queue)),
             tokio::spawn(etcd.clone().probe()),
             tokio::spawn(etcd.clone().lead(settings.reaper_interval)),
         ];
@@ -317,7 +317,7 @@ impl Backend for Etcd {
         Etcd::register(self, new).await
     }
 
-    /// Answered once etcd holds the renewal (see [`renewals`]).
+    /// Answered once etcd holds the renewal (see [`group`]).
     async fn heartbeat(
         &self,
         id: &str,

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::Etcd;
+use super::group::Outcome;
 use crate::model::instance::{Instance, Validated};
 use crate::registry::Registered;
 use crate::store::StoreError;
@@ -32,8 +33,9 @@ impl Etcd {
         TxnOp::put(self.revision_key.clone(), self.node_id.clone(), None)
     }
 
-    /// R2 as an etcd transaction; see the module's documentation. A refresh (nothing but
-    /// `updated_at` differs from what this node holds) leaves the revision alone.
+    /// R2 as an etcd transaction (grouped, see [`super::group`]); see the module's
+    /// documentation. A refresh (nothing but `updated_at` differs from what this node
+    /// holds) leaves the revision alone.
     pub(super) async fn register(&self, new: Validated) -> Result<Registered, StoreError> {
         self.writable()?;
         for _ in 0..RETRIES {
@@ -51,10 +53,10 @@ impl Etcd {
                         ..instance.clone()
                     }
                 });
-            match self.put_compared("registration", &instance, known, changes).await? {
-                Ok(()) => return Ok(Registered { instance, created }),
+            match self.put(instance, known, changes, false).await? {
+                Outcome::Taken(instance) => return Ok(Registered { instance, created }),
                 // Another node changed the key: catch up to that change, then decide again.
-                Err(revision) => self.wait_applied(revision).await?,
+                Outcome::Changed(revision) | Outcome::Gone(revision) => self.wait_applied(revision).await?,
             }
         }
         Err(StoreError::Unavailable(
@@ -62,37 +64,37 @@ impl Etcd {
         ))
     }
 
-    /// Puts `instance` under its key if the key is still at `known` (its `mod_revision` as
-    /// this node last applied it), with the revision key when it `changes` an answer. On
-    /// success this node applies it at once: read-your-writes without waiting for the
-    /// watch, since etcd says the key holds this instance at the answer's revision; the
-    /// watch's later delivery of that revision is then a no-op, and anything newer still
-    /// wins (see `apply_instance`). Only the registry's revision waits for the watch, so it
-    /// stays etcd's everywhere. `Err(revision)`: another node changed the key; catch up to
-    /// `revision` before deciding again.
-    pub(super) async fn put_compared(
+    /// R3 on etcd: renews `id` with the next group, answered once etcd holds the renewal;
+    /// `answer` sees the instance as stored. A renewal writes the instance with its new
+    /// `updated_at` and nothing else, so it moves no revision and wakes no blocking query
+    /// (unless it confirms an instance parked by an outage); every node's lease then ends
+    /// at that stored `updated_at` + TTL.
+    pub(super) async fn heartbeat(
         &self,
-        what: &str,
-        instance: &Instance,
-        known: i64,
-        changes: bool,
-    ) -> Result<Result<(), i64>, StoreError> {
-        let key = self.key(&instance.id);
-        let json = serde_json::to_vec(instance).expect("instances serialise");
-        let mut ops = vec![TxnOp::put(key.clone(), json, None)];
-        if changes {
-            ops.push(self.changed());
+        id: &str,
+        answer: &mut (dyn for<'i> FnMut(&'i Instance) + Send),
+    ) -> Result<bool, StoreError> {
+        self.writable()?;
+        for _ in 0..RETRIES {
+            // Read before the registry, as a registration does.
+            let Some(known) = self.revisions.get(id).map(|r| *r) else {
+                return Ok(false);
+            };
+            let Some((instance, confirms)) = self.registry.renewal(id) else {
+                return Ok(false);
+            };
+            match self.put(instance, known, confirms, true).await? {
+                Outcome::Taken(stored) => {
+                    answer(&stored);
+                    return Ok(true);
+                }
+                Outcome::Gone(_) => return Ok(false),
+                Outcome::Changed(revision) => self.wait_applied(revision).await?,
+            }
         }
-        let txn = Txn::new()
-            .when([Compare::mod_revision(key, CompareOp::Equal, known)])
-            .and_then(ops);
-        let answer = self.txn(what, txn).await?;
-        let revision = answer.header().map_or(0, |h| h.revision());
-        if !answer.succeeded() {
-            return Ok(Err(revision));
-        }
-        self.applied_here(instance, revision);
-        Ok(Ok(()))
+        Err(StoreError::Unavailable(
+            "the instance kept changing on other nodes during this heartbeat; retry".into(),
+        ))
     }
 
     /// Applies `instance`, which etcd committed at `revision`, unless the watch did already.
@@ -150,9 +152,10 @@ impl Etcd {
                 instance.updated_at = held.updated_at;
             }
             instance.healthy = healthy;
-            match self.put_compared("health verdict", &instance, known, true).await? {
-                Ok(()) => return Ok(true),
-                Err(revision) => self.wait_applied(revision).await?,
+            match self.put(instance, known, true, false).await? {
+                Outcome::Taken(_) => return Ok(true),
+                Outcome::Gone(_) => return Ok(false),
+                Outcome::Changed(revision) => self.wait_applied(revision).await?,
             }
         }
         Err(StoreError::Unavailable(
