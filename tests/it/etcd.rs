@@ -566,6 +566,7 @@ async fn an_expired_instance_is_hidden_everywhere_and_deleted_once() {
     let cluster = Cluster::start().await;
     let n = nodes(&cluster, "/t2/").await;
     let client = client();
+    let sent = Instant::now();
     let (status, body) = post(
         &client,
         &n.procs[0],
@@ -574,19 +575,37 @@ async fn an_expired_instance_is_hidden_everywhere_and_deleted_once() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    for node in &n.procs {
-        until("every node serves it", Duration::from_secs(2), async || {
-            srv(node.dns, "short").await == 1
-        })
-        .await;
-    }
-    // Its lease (1s, + the 200ms batch as grace on the nodes that did not take it) ends.
+    let all: Vec<&Proc> = n.procs.iter().collect();
+    let registered = one_index_everywhere("after the registration", &client, &all, Instant::now()).await;
+    // Its lease (1 s from the registration's stamp) ends at the same moment on every node;
+    // the expiry leader deletes it then, and every index moves with the delete.
     for node in &n.procs {
         until("every node hides it", Duration::from_secs(3), async || {
             srv(node.dns, "short").await == 0
         })
         .await;
     }
+    let lease_end = sent + Duration::from_secs(1);
+    until(
+        "every node's index moves past the expiry",
+        Duration::from_secs(3),
+        async || {
+            for node in &n.procs {
+                if index(&client, node).await == registered {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    let moved = lease_end.elapsed();
+    one_index_everywhere("after the expiry", &client, &all, Instant::now()).await;
+    eprintln!("lease end -> every node's index past the expiry: at most {moved:?}");
+    assert!(
+        moved < Duration::from_secs(1),
+        "the index moved {moved:?} after the lease ended"
+    );
     // One node deletes the key; the delete reaches every node: the log of each says so.
     until("one delete from etcd", Duration::from_secs(5), async || {
         n.procs

@@ -1,5 +1,5 @@
-//! Register, deregister and the health checker's verdict as etcd transactions, answered
-//! only once this node shows them (read-your-writes). A write that alters an answer also
+//! Register, heartbeat, deregister and the health checker's verdict as etcd transactions,
+//! answered only once etcd committed them and this node shows them (read-your-writes). A write that alters an answer also
 //! puts `<prefix>revision` in its transaction (one more operation, compared on nothing):
 //! its `mod_revision` is the registry's revision on every node (see [`super::follow`]).
 
@@ -13,7 +13,7 @@ use crate::model::instance::{Instance, Validated};
 use crate::registry::Registered;
 use crate::store::StoreError;
 
-/// A registration decided again this often at most when other nodes keep changing its key.
+/// A write decided again this often at most when other nodes keep changing its key.
 pub(super) const RETRIES: usize = 8;
 
 impl Etcd {
