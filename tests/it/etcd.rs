@@ -265,12 +265,19 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
-async fn post(client: &reqwest::Client, node: &Proc, path: &str, body: &Value) -> (u16, Value) {
-    let response = client
-        .post(format!("{}/api/v1{path}", node.base()))
+/// POSTs `body` to `/api/v1/services/<route>` of the node at `base`, as a registrant does.
+async fn send(client: &reqwest::Client, base: &str, route: &str, body: &Value) -> reqwest::Result<reqwest::Response> {
+    client
+        .post(format!("{base}/api/v1/services/{route}"))
         .header("X-API-Key", KEY)
         .json(body)
         .send()
+        .await
+}
+
+async fn post(client: &reqwest::Client, node: &Proc, path: &str, body: &Value) -> (u16, Value) {
+    let route = path.strip_prefix("/services/").expect("a /services/ route");
+    let response = send(client, &node.base(), route, body)
         .await
         .unwrap_or_else(|e| panic!("POST {path}: {e}"));
     let status = response.status().as_u16();
@@ -278,15 +285,20 @@ async fn post(client: &reqwest::Client, node: &Proc, path: &str, body: &Value) -
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
-async fn listed(client: &reqwest::Client, node: &Proc) -> BTreeMap<String, Value> {
+/// `GET /api/v1/services<query>` of a node, answered 200.
+async fn services(client: &reqwest::Client, node: &Proc, query: &str) -> reqwest::Response {
     let response = client
-        .get(format!("{}/api/v1/services?detail=1", node.base()))
+        .get(format!("{}/api/v1/services{query}", node.base()))
         .header("X-API-Key", KEY)
         .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    let body: Value = response.json().await.unwrap();
+    response
+}
+
+async fn listed(client: &reqwest::Client, node: &Proc) -> BTreeMap<String, Value> {
+    let body: Value = services(client, node, "?detail=1").await.json().await.unwrap();
     body["instances"]
         .as_array()
         .unwrap()
@@ -338,6 +350,15 @@ fn instance(id: &str, service: &str, i: usize, ttl_ns: i64) -> Value {
     })
 }
 
+/// What most tests start with: their turn (see [`ONE_AT_A_TIME`]), a 3-member etcd, 3
+/// nodes on `prefix`, and a client.
+async fn three_nodes(prefix: &str) -> (tokio::sync::MutexGuard<'static, ()>, Cluster, Nodes, reqwest::Client) {
+    let turn = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let nodes = nodes(&cluster, prefix).await;
+    (turn, cluster, nodes, client())
+}
+
 struct Nodes {
     procs: Vec<Proc>,
     dirs: Vec<PathBuf>,
@@ -358,10 +379,7 @@ async fn nodes(cluster: &Cluster, prefix: &str) -> Nodes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn a_registration_on_one_node_is_served_by_every_node_and_changes_through_any() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let n = nodes(&cluster, "/t1/").await;
-    let client = client();
+    let (_turn, _cluster, n, client) = three_nodes("/t1/").await;
     let (a, b, c) = (&n.procs[0], &n.procs[1], &n.procs[2]);
 
     // Propagation: 200 on node 1, then the DNS answer on nodes 2 and 3.
@@ -456,13 +474,7 @@ async fn a_registration_on_one_node_is_served_by_every_node_and_changes_through_
 
 /// The `X-Koder-Index` of a node's listing.
 async fn index(client: &reqwest::Client, node: &Proc) -> u64 {
-    let response = client
-        .get(format!("{}/api/v1/services", node.base()))
-        .header("X-API-Key", KEY)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    let response = services(client, node, "").await;
     response.headers()["x-koder-index"].to_str().unwrap().parse().unwrap()
 }
 
@@ -509,12 +521,7 @@ fn load(
             let mut k = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let body = instance(&format!("{tag}-{t}-{k}"), tag, t * 1000 + k, 120 * SECOND);
-                let sent = client
-                    .post(format!("{base}/api/v1/services/register"))
-                    .header("X-API-Key", KEY)
-                    .json(&body)
-                    .send()
-                    .await;
+                let sent = send(&client, &base, "register", &body).await;
                 match sent {
                     Ok(r) if r.status() == 200 => {
                         acked += 1;
@@ -562,10 +569,7 @@ async fn soa_serial(dns: SocketAddr) -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn an_expired_instance_is_hidden_everywhere_and_deleted_once() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let n = nodes(&cluster, "/t2/").await;
-    let client = client();
+    let (_turn, _cluster, n, client) = three_nodes("/t2/").await;
     let sent = Instant::now();
     let (status, body) = post(
         &client,
@@ -627,10 +631,7 @@ async fn an_expired_instance_is_hidden_everywhere_and_deleted_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn kill_9_of_a_node_under_concurrent_registrations_loses_no_acknowledged_one() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let mut n = nodes(&cluster, "/t3/").await;
-    let client = client();
+    let (_turn, cluster, mut n, client) = three_nodes("/t3/").await;
     let bases: Vec<String> = n.procs.iter().map(|p| p.base()).collect();
     // 64 clients, spread over nodes 1 and 2; node 1 is killed mid-way.
     let acked = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
@@ -641,12 +642,7 @@ async fn kill_9_of_a_node_under_concurrent_registrations_loses_no_acknowledged_o
             for k in 0..1000 {
                 let id = format!("load-{t}-{k}");
                 let body = instance(&id, &format!("load{}", t % 8), t * 1000 + k, 120 * SECOND);
-                let sent = client
-                    .post(format!("{base}/api/v1/services/register"))
-                    .header("X-API-Key", KEY)
-                    .json(&body)
-                    .send()
-                    .await;
+                let sent = send(&client, &base, "register", &body).await;
                 match sent {
                     Ok(r) if r.status() == 200 => {
                         acked.lock().unwrap().insert(id);
@@ -702,10 +698,7 @@ async fn kill_9_of_a_node_under_concurrent_registrations_loses_no_acknowledged_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn one_etcd_member_killed_writes_go_on() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let mut cluster = Cluster::start().await;
-    let n = nodes(&cluster, "/t4/").await;
-    let client = client();
+    let (_turn, mut cluster, n, client) = three_nodes("/t4/").await;
     cluster.kill(0);
     // A leader election may be under way for up to a second: retry 503s for a while.
     for (i, node) in n.procs.iter().enumerate() {
@@ -741,10 +734,7 @@ async fn one_etcd_member_killed_writes_go_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn quorum_lost_heartbeats_and_writes_get_503_within_5s_nothing_expires_and_all_recovers() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let mut cluster = Cluster::start().await;
-    let n = nodes(&cluster, "/t5/").await;
-    let client = client();
+    let (_turn, mut cluster, n, client) = three_nodes("/t5/").await;
     // A registrant heart-beats at a third of its TTL: at the loss, its lease has at least
     // 2 s to run, more than etcd's loss takes to be seen (under a second; see probe.rs).
     let ttl = 3 * SECOND;
@@ -777,12 +767,9 @@ async fn quorum_lost_heartbeats_and_writes_get_503_within_5s_nothing_expires_and
     for (i, node) in n.procs.iter().enumerate() {
         let (client, base) = (client.clone(), node.base());
         refused.spawn(async move {
-            let post = |path: &'static str, body: Value| {
-                client
-                    .post(format!("{base}/api/v1/services/{path}"))
-                    .header("X-API-Key", KEY)
-                    .json(&body)
-                    .send()
+            let post = |route: &'static str, body: Value| {
+                let (client, base) = (client.clone(), base.clone());
+                async move { send(&client, &base, route, &body).await }
             };
             loop {
                 let beat = post("heartbeat", json!({"id": format!("kept{i}")})).await.unwrap();
@@ -914,10 +901,22 @@ async fn migrate_copies_a_redb_registry_and_refuses_a_used_prefix() {
     );
     let forced = migrate(true);
     assert!(forced.status.success(), "{}", String::from_utf8_lossy(&forced.stderr));
-    let node = node(&tmp.path().join("node"), &cluster.endpoints(), "/t6/").await;
-    let listed = listed(&client, &node).await;
-    assert_eq!(listed.keys().cloned().collect::<Vec<_>>(), ["m0", "m1", "m2"]);
-    assert_eq!(srv(node.dns, "moved").await, 3);
+    // Nodes started one after another on the migrated registry show one index (the
+    // migrate's), not each its own load's.
+    let mut procs = Vec::new();
+    for i in 0..3 {
+        procs.push(node(&tmp.path().join(format!("node{i}")), &cluster.endpoints(), "/t6/").await);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for node in &procs {
+        let listed = listed(&client, node).await;
+        assert_eq!(listed.keys().cloned().collect::<Vec<_>>(), ["m0", "m1", "m2"]);
+        assert_eq!(srv(node.dns, "moved").await, 3);
+    }
+    // Nothing was written after the migrate (joining, leading and stamping move nothing).
+    let all: Vec<&Proc> = procs.iter().collect();
+    let index = one_index_everywhere("nodes started after a migrate", &client, &all, Instant::now()).await;
+    assert!(index > 0);
 }
 
 /// A build without the feature refuses `--store etcd` at start, saying how to build a
@@ -934,10 +933,7 @@ async fn without_the_feature_store_etcd_is_refused_with_the_build_command() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn heartbeats_on_one_node_keep_the_instance_alive_on_every_node() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let n = nodes(&cluster, "/t7/").await;
-    let client = client();
+    let (_turn, _cluster, n, client) = three_nodes("/t7/").await;
     let (status, body) = post(
         &client,
         &n.procs[0],
@@ -978,10 +974,7 @@ async fn heartbeats_on_one_node_keep_the_instance_alive_on_every_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn history_of_acknowledged_operations_holds_on_every_node_through_faults() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let mut cluster = Cluster::start().await;
-    let mut n = nodes(&cluster, "/t8/").await;
-    let client = client();
+    let (_turn, mut cluster, mut n, client) = three_nodes("/t8/").await;
     let bases: Arc<Vec<String>> = Arc::new(n.procs.iter().map(|p| p.base()).collect());
     /// Per id: the last acknowledged operation (true = registered), and whether an
     /// unacknowledged one came after it (then either state is allowed).
@@ -1005,12 +998,7 @@ async fn history_of_acknowledged_operations_holds_on_every_node_through_faults()
                 };
                 let register = path == "register";
                 step += 1;
-                let sent = client
-                    .post(format!("{base}/api/v1/services/{path}"))
-                    .header("X-API-Key", KEY)
-                    .json(&body)
-                    .send()
-                    .await;
+                let sent = send(&client, base, path, &body).await;
                 if path == "heartbeat" {
                     // Changes no registration: only its renewal is checked.
                     if let Ok(answer) = sent
@@ -1123,10 +1111,7 @@ async fn history_of_acknowledged_operations_holds_on_every_node_through_faults()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn every_node_down_longer_than_the_ttl_is_no_410_storm() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let mut n = nodes(&cluster, "/t9/").await;
-    let client = client();
+    let (_turn, cluster, mut n, client) = three_nodes("/t9/").await;
     let (status, body) = post(
         &client,
         &n.procs[0],
@@ -1248,10 +1233,7 @@ async fn all_flagged(client: &reqwest::Client, node: &Proc, ids: &[String], want
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn each_checked_instance_is_probed_by_one_node_and_every_node_serves_its_verdict() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let n = nodes(&cluster, "/t10/").await;
-    let client = client();
+    let (_turn, _cluster, n, client) = three_nodes("/t10/").await;
     let target = Target::start().await;
     let ids: Vec<String> = (0..6).map(|i| format!("chk{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
@@ -1322,10 +1304,7 @@ async fn each_checked_instance_is_probed_by_one_node_and_every_node_serves_its_v
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn health_checks_move_off_a_killed_node_within_its_membership_lease_and_one_interval() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let mut n = nodes(&cluster, "/t11/").await;
-    let client = client();
+    let (_turn, _cluster, mut n, client) = three_nodes("/t11/").await;
     let target = Target::start().await;
     let body = checked("moving", target.port, "/moving", "500ms");
     let (status, answer) = post(&client, &n.procs[0], "/services/register", &body).await;
@@ -1445,10 +1424,7 @@ async fn health_checks_move_off_a_killed_node_within_its_membership_lease_and_on
 async fn the_watcher_follows_a_cluster_through_the_loss_of_its_node() {
     use koder_dns::client::{Client, Route, Watcher};
 
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let mut n = nodes(&cluster, "/t-watcher/").await;
-    let client = client();
+    let (_turn, _cluster, mut n, client) = three_nodes("/t-watcher/").await;
     let routed = |name: &str, port: usize| {
         json!({"name": name, "address": "127.0.0.1", "port": port,
                "metadata": {"jet.domain": format!("{name}.koder.dev")}})
@@ -1511,10 +1487,7 @@ async fn the_watcher_follows_a_cluster_through_the_loss_of_its_node() {
 async fn every_node_shows_one_index_within_a_second_after_a_burst_a_kill_9_and_a_leader_change() {
     use std::sync::atomic::AtomicBool;
 
-    let _one = ONE_AT_A_TIME.lock().await;
-    let mut cluster = Cluster::start().await;
-    let mut n = nodes(&cluster, "/t-index/").await;
-    let client = client();
+    let (_turn, mut cluster, mut n, client) = three_nodes("/t-index/").await;
     let bases = |n: &Nodes| n.procs.iter().map(|p| p.base()).collect::<Vec<_>>();
 
     // A burst through every node, heartbeats among it.
@@ -1557,59 +1530,6 @@ async fn every_node_shows_one_index_within_a_second_after_a_burst_a_kill_9_and_a
     assert!(after_leader > after_kill);
 }
 
-/// The revision after a migrate: nodes started one after another on a migrated registry
-/// show one index (the migrate's), not each its own load's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
-async fn nodes_started_after_a_migrate_show_one_index() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let client = client();
-    let tmp = tempfile::tempdir().unwrap();
-    let redb = tmp.path().join("redb");
-    let single = launch_ok(&redb, &[]).await;
-    for i in 0..3 {
-        let (status, _) = post(
-            &client,
-            &single,
-            "/services/register",
-            &instance(&format!("m{i}"), "moved", i, 60 * SECOND),
-        )
-        .await;
-        assert_eq!(status, 200);
-    }
-    assert!(single.terminate().await.0.success());
-    let out = Command::new(env!("CARGO_BIN_EXE_koder-dns"))
-        .args([
-            "migrate",
-            "--to-etcd",
-            "--etcd-prefix",
-            "/t-migrated/",
-            "--etcd-endpoints",
-        ])
-        .arg(cluster.endpoints())
-        .arg("--data-dir")
-        .arg(&redb)
-        .output()
-        .expect("run migrate");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let migrated = Instant::now();
-    let mut procs = Vec::new();
-    for i in 0..3 {
-        procs.push(node(&tmp.path().join(format!("n{i}")), &cluster.endpoints(), "/t-migrated/").await);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    let all: Vec<&Proc> = procs.iter().collect();
-    // Nothing was written after the migrate (joining, leading and stamping move nothing).
-    let started = Instant::now();
-    let index = one_index_everywhere("nodes started after a migrate", &client, &all, started).await;
-    assert!(index > 0);
-    for node in &procs {
-        assert_eq!(srv(node.dns, "moved").await, 3);
-    }
-    eprintln!("migrate -> last node up: {:?}", started - migrated);
-}
-
 /// Renewals change no answer: heart-beating through every node for longer than the TTL
 /// moves no node's index or serial, and a blocking query held on each node meanwhile is
 /// answered only at its wait's end, with the index it was given. Other nodes still see
@@ -1617,10 +1537,7 @@ async fn nodes_started_after_a_migrate_show_one_index() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn a_renewal_only_period_moves_no_index_and_wakes_no_held_request() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let n = nodes(&cluster, "/t-renewals/").await;
-    let client = client();
+    let (_turn, _cluster, n, client) = three_nodes("/t-renewals/").await;
     for i in 0..6 {
         let (status, body) = post(
             &client,
@@ -1850,10 +1767,7 @@ async fn a_second_node_with_a_live_nodes_id_is_refused_and_a_killed_ones_id_is_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn a_parked_instance_is_confirmed_on_every_node_by_its_owners_passing_check() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let mut n = nodes(&cluster, "/t-parked/").await;
-    let client = client();
+    let (_turn, cluster, mut n, client) = three_nodes("/t-parked/").await;
     let target = Target::start().await;
     let ttl = 8 * SECOND;
     let mut body = checked("parked", target.port, "/parked", "300ms");

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use etcd_client::{Client, ConnectOptions, Txn, TxnResponse};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnResponse};
 
 use super::Etcd;
 use crate::store::StoreError;
@@ -108,5 +108,37 @@ impl Etcd {
             async move { client.txn(txn).await }
         })
         .await
+    }
+
+    /// Puts `key` (this node's id as its value) on a fresh lease of `ttl_s` seconds if no
+    /// key is there: the lease and the key's `create_revision`, or `None` (and the lease
+    /// revoked) when another holds it.
+    pub(super) async fn claim(&self, key: &str, ttl_s: i64) -> Result<Option<(i64, i64)>, etcd_client::Error> {
+        let lease = retrying(&self.client, |mut client| async move {
+            client.lease_grant(ttl_s, None).await
+        })
+        .await?
+        .id();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                self.node_id.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let answer = retrying(&self.client, |mut client| {
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await?;
+        if !answer.succeeded() {
+            let _ = retrying(
+                &self.client,
+                |mut client| async move { client.lease_revoke(lease).await },
+            )
+            .await;
+            return Ok(None);
+        }
+        Ok(Some((lease, answer.header().map_or(0, |h| h.revision()))))
     }
 }

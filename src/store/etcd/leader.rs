@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use tracing::{info, warn};
 
 use super::Etcd;
@@ -41,32 +41,7 @@ impl Etcd {
 
     /// Takes the leader key if it is free: the key's lease and its `create_revision`.
     pub(super) async fn campaign(&self) -> Result<Option<(i64, i64)>, etcd_client::Error> {
-        let lease = retrying(&self.client, |mut client| async move {
-            client.lease_grant(LEADER_TTL_S, None).await
-        })
-        .await?
-        .id();
-        let txn = Txn::new()
-            .when([Compare::create_revision(self.leader_key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                self.leader_key.clone(),
-                self.node_id.clone(),
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
-        let answer = retrying(&self.client, |mut client| {
-            let txn = txn.clone();
-            async move { client.txn(txn).await }
-        })
-        .await?;
-        if !answer.succeeded() {
-            let _ = retrying(
-                &self.client,
-                |mut client| async move { client.lease_revoke(lease).await },
-            )
-            .await;
-            return Ok(None);
-        }
-        Ok(Some((lease, answer.header().map_or(0, |h| h.revision()))))
+        self.claim(&self.leader_key, LEADER_TTL_S).await
     }
 
     pub(super) async fn reap_while_leading(&self, lease: i64, created: i64, every: Duration) {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{EventType, GetOptions, WatchOptions};
 use tracing::{info, warn};
 
 use super::Etcd;
@@ -37,33 +37,10 @@ impl Etcd {
             .await?
             .count()
                 > 0;
-            if !held {
-                let lease = retrying(&self.client, |mut client| async move {
-                    client.lease_grant(MEMBER_TTL_S, None).await
-                })
-                .await?
-                .id();
-                let txn = Txn::new()
-                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(
-                        key.clone(),
-                        self.node_id.clone(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    )]);
-                let answer = retrying(&self.client, |mut client| {
-                    let txn = txn.clone();
-                    async move { client.txn(txn).await }
-                })
-                .await?;
-                if answer.succeeded() {
-                    break lease;
-                }
-                // Taken in between: by a live node, as far as this one can tell.
-                let _ = retrying(
-                    &self.client,
-                    |mut client| async move { client.lease_revoke(lease).await },
-                )
-                .await;
+            // Taken in between (claimed by another node): by a live node, as far as this
+            // one can tell.
+            if !held && let Some((lease, _)) = self.claim(&key, MEMBER_TTL_S).await? {
+                break lease;
             }
             if Instant::now() >= deadline {
                 return Err(Refused(format!(
