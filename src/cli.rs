@@ -402,7 +402,7 @@ pub fn migrate(args: crate::cluster::MigrateArgs) -> std::process::ExitCode {
             Err(e) => {
                 eprintln!("koder-dns migrate: {e:#}");
                 // etcd refusing the certificate, the user or the role is a bad argument too.
-                let refused = e.is::<crate::store::etcd::Refused>() || e.is::<crate::tls::FileError>();
+                let refused = e.is::<crate::store::Refused>() || e.is::<crate::tls::FileError>();
                 std::process::ExitCode::from(if refused { 2 } else { 1 })
             }
         }

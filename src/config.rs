@@ -204,7 +204,8 @@ settings! {
         "Longest ttl_ns a registration may ask for; longer ones get 400.";
     reaper_interval: Duration = "30s", "KODER_DNS_REAPER_INTERVAL", "DURATION", parse_duration,
         "How often expired instances are removed. Expired instances are never served, \
-         whether or not the reaper has run.";
+         whether or not the reaper has run (on etcd the expiry leader deletes each at its lease's end; \
+         this is how often it also sweeps for what expired before it led).";
     dns_ttl: Duration = "5s", "KODER_DNS_DNS_TTL", "DURATION", parse_duration,
         "TTL of service-zone records, never above the instance's remaining lease.";
     negative_ttl: Duration = "5s", "KODER_DNS_NEGATIVE_TTL", "DURATION", parse_duration,
@@ -224,7 +225,8 @@ settings! {
     max_instances: usize = "200000", "KODER_DNS_MAX_INSTANCES", "N", parsed,
         "Most instances the registry stores; registrations beyond get 507.";
     persist_interval: Duration = "1s", "KODER_DNS_PERSIST_INTERVAL", "DURATION", parse_duration,
-        "How often lease renewals (heartbeats) are written to disk in one batch.";
+        "How often lease renewals (heartbeats) and health flips are written to disk in one batch (redb; \
+         on etcd each renewal is in etcd before its heartbeat is answered).";
     dns_tcp_idle_timeout: Duration = "10s", "KODER_DNS_DNS_TCP_IDLE_TIMEOUT", "DURATION", parse_duration,
         "Idle time after which a DNS TCP connection is closed.";
     dns_tcp_max_connections: usize = "512", "KODER_DNS_DNS_TCP_MAX_CONNECTIONS", "N", parsed,
@@ -315,8 +317,8 @@ settings! {
         "DNS over TLS (RFC 7858) address, e.g. 0.0.0.0:853; needs --tls-cert and --tls-key. Same \
          answers, connection bound and idle timeout as DNS over TCP.";
     node_id: String = "auto", "KODER_DNS_NODE_ID", "ID", parsed,
-        "This node's name among the etcd nodes (its membership key and the expiry leader's lock say it; \
-         each node's must differ); auto = host:http-port.";
+        "This node's name among the etcd nodes (its membership key and the expiry leader's lock say it); \
+         a node whose id a live node holds does not start (exit 2); auto = host:http-port.";
 }
 
 /// Reads the `--config` file, refusing keys that are no setting.

@@ -48,13 +48,12 @@ async fn open_etcd(config: &Config, registry: &Arc<Registry>) -> anyhow::Result<
         connection: config.etcd_connection()?,
         prefix: config.etcd_prefix.clone(),
         node_id,
-        persist_interval: config.persist_interval,
         reaper_interval: config.reaper_interval,
     };
     // etcd refusing this node (its certificate, the client certificate, the user, the role)
     // is a setting to fix, like an unreadable file: exit 2.
     let etcd = store::etcd::Etcd::open(settings, registry.clone()).await.map_err(|e| {
-        if e.is::<store::etcd::Refused>() || e.is::<crate::tls::FileError>() {
+        if e.chain().any(|cause| cause.is::<store::Refused>()) || e.is::<crate::tls::FileError>() {
             bad_setting(e)
         } else {
             e

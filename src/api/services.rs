@@ -97,7 +97,7 @@ async fn upsert(caller: &Authorized, app: AppState, body: Instance) -> Result<Js
         (status = 400, description = "no id", body = ErrorBody),
         (status = 410, description = "unknown, or its lease has run out: register again", body = ErrorBody),
         (status = 413, description = "the body is over 64 KiB", body = ErrorBody),
-        (status = 503, description = "etcd is unreachable (--store etcd): the renewal could not be shared", body = ErrorBody)
+        (status = 503, description = "--store etcd: etcd could not take the renewal (unreachable or without quorum; outcome_unknown: it may still have)", body = ErrorBody)
     ))]
 pub async fn heartbeat(
     caller: Authorized,

@@ -4,8 +4,9 @@ use std::sync::atomic::Ordering;
 
 use tracing::info;
 
-use super::Registry;
 use super::events::Event;
+use super::{Entry, Registry};
+use crate::model::clock::Nanos;
 use crate::model::instance::Instance;
 
 impl Registry {
@@ -20,14 +21,11 @@ impl Registry {
     pub fn heartbeat_with<R>(&self, id: &str, f: impl FnOnce(&Instance) -> R) -> Option<R> {
         let now = self.clock.now();
         let mut entry = self.instances.get_mut(id)?;
-        // A lease that ran out while the registry could not see heartbeats is renewed: the
-        // registrant kept its side of the contract.
-        let lapsed_unseen = !entry.lease.alive(now) && self.unseen(entry.lease.deadline());
-        if !entry.lease.alive(now) && !lapsed_unseen {
+        let Some(lapsed_unseen) = self.renewable(&entry, now) else {
             drop(entry);
             self.expired_seen.notify_one();
             return None;
-        }
+        };
         let deadline = self.deadline(now, entry.instance.ttl_ns);
         entry.instance.updated_at = now;
         // Only after a restart's grace, or with the clock stepped back, does a renewal end
@@ -52,5 +50,35 @@ impl Registry {
             self.emit(Event::Renewed(id));
         }
         Some(out)
+    }
+}
+
+impl Registry {
+    /// What a heartbeat now would store for `id` (its `updated_at` now), without renewing
+    /// anything: for a shared store, which renews once its write is taken (then applied as
+    /// stored, see [`Self::renewed_elsewhere`]). The flag says the renewal confirms an
+    /// instance parked by, or lapsed during, the registry's outage: it changes answers.
+    /// `None` when the id is unknown or its lease has run out.
+    pub fn renewal(&self, id: &str) -> Option<(Instance, bool)> {
+        let now = self.clock.now();
+        let entry = self.instances.get(id)?;
+        let Some(lapsed_unseen) = self.renewable(&entry, now) else {
+            drop(entry);
+            self.expired_seen.notify_one();
+            return None;
+        };
+        let instance = Instance {
+            updated_at: now,
+            ..entry.instance.clone()
+        };
+        Some((instance, lapsed_unseen || entry.unconfirmed))
+    }
+
+    /// Whether a heartbeat at `now` renews `entry`: `Some(true)` when its lease ran out
+    /// while the registry could not see heartbeats (the registrant kept its side of the
+    /// contract), `Some(false)` when it is alive, `None` when it is dead.
+    fn renewable(&self, entry: &Entry, now: Nanos) -> Option<bool> {
+        let lapsed_unseen = !entry.lease.alive(now) && self.unseen(entry.lease.deadline());
+        (entry.lease.alive(now) || lapsed_unseen).then_some(lapsed_unseen)
     }
 }

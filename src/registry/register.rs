@@ -14,7 +14,7 @@ use crate::model::check::CheckSpec;
 use crate::model::clock::Nanos;
 use crate::model::instance::{Instance, Validated};
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum RegistryError {
     #[error("the registry holds its maximum of {max} instances; deregister some or raise --max-instances")]
     Full { max: usize },

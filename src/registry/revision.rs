@@ -57,11 +57,14 @@ impl Registry {
         self.serial()
     }
 
+    /// A change a reader can see. Following a shared store's revision, a local change
+    /// neither counts nor wakes anyone: held blocking queries wake when the store's revision
+    /// of that change arrives (see [`Self::advance_revision`]), on every node alike.
     pub(super) fn bump(&self) {
         if !self.external_revision.load(Ordering::Acquire) {
             self.revision.fetch_add(1, Ordering::AcqRel);
+            self.changed.notify_waiters();
         }
-        self.changed.notify_waiters();
     }
 
     /// From now on the revision is the shared store's, starting at `revision`: set, not

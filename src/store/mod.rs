@@ -21,7 +21,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use crate::model::instance::{Instance, Validated};
 use crate::registry::{Registered, Registry, RegistryError};
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     #[error(transparent)]
     Full(#[from] RegistryError),
@@ -32,6 +32,13 @@ pub enum StoreError {
     #[error("the outcome is unknown: {0}")]
     OutcomeUnknown(String),
 }
+
+/// The store refused this node's settings at start (`koder-dns serve` exits 2, as for a bad
+/// flag): etcd refused its certificate, its user or its role (the message starts with "etcd",
+/// says which, and never holds the password), or a live node holds its `--node-id`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
 
 /// The live nodes sharing the registry (on etcd), for spreading the health checks over
 /// them: this node's id and the ids of every node whose membership lease is alive, sorted.

@@ -262,6 +262,67 @@ impl Cluster {
             .join(",")
     }
 
+    /// The endpoint of member `i` alone (a node given only it is cut off when it stops).
+    fn endpoint(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.members[i].client)
+    }
+
+    /// Every put under `prefix` since the cluster started, as (key, value), in order: its
+    /// history as etcd keeps it (`etcdctl watch` from revision 1).
+    fn history_of_puts(&self, prefix: &str) -> Vec<(String, String)> {
+        assert!(
+            Path::new(ETCDCTL).exists(),
+            "{ETCDCTL} is missing: install Debian's etcd-client (tests/run.sh does)"
+        );
+        let out = Command::new("timeout")
+            .args([
+                "3",
+                ETCDCTL,
+                "--endpoints",
+                &self.endpoints(),
+                "watch",
+                "--prefix",
+                prefix,
+                "--rev",
+                "1",
+            ])
+            .output()
+            .expect("run etcdctl");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            !text.is_empty(),
+            "etcdctl watch printed nothing: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut lines = text.lines();
+        let mut puts = Vec::new();
+        while let Some(line) = lines.next() {
+            if line == "PUT"
+                && let (Some(key), Some(value)) = (lines.next(), lines.next())
+            {
+                puts.push((key.to_owned(), value.to_owned()));
+            }
+        }
+        puts
+    }
+
+    /// The member that leads the Raft group now, as the running members say.
+    async fn leader(&self) -> usize {
+        let client = reqwest::Client::new();
+        for m in self.members.iter().filter(|m| m.child.is_some()) {
+            let url = format!("http://127.0.0.1:{}/v3/maintenance/status", m.client);
+            let Ok(response) = client.post(&url).body("{}").send().await else {
+                continue;
+            };
+            let status: Value = response.json().await.unwrap_or_default();
+            let id = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            if id(&status["leader"]) == id(&status["header"]["member_id"]) && !id(&status["leader"]).is_empty() {
+                return self.members.iter().position(|n| n.name == m.name).unwrap();
+            }
+        }
+        panic!("no etcd member says it leads");
+    }
+
     fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.members[i].child.take() {
             child.kill().unwrap();
@@ -341,12 +402,19 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
-async fn post(client: &reqwest::Client, node: &Proc, path: &str, body: &Value) -> (u16, Value) {
-    let response = client
-        .post(format!("{}/api/v1{path}", node.base()))
+/// POSTs `body` to `/api/v1/services/<route>` of the node at `base`, as a registrant does.
+async fn send(client: &reqwest::Client, base: &str, route: &str, body: &Value) -> reqwest::Result<reqwest::Response> {
+    client
+        .post(format!("{base}/api/v1/services/{route}"))
         .header("X-API-Key", KEY)
         .json(body)
         .send()
+        .await
+}
+
+async fn post(client: &reqwest::Client, node: &Proc, path: &str, body: &Value) -> (u16, Value) {
+    let route = path.strip_prefix("/services/").expect("a /services/ route");
+    let response = send(client, &node.base(), route, body)
         .await
         .unwrap_or_else(|e| panic!("POST {path}: {e}"));
     let status = response.status().as_u16();
@@ -354,15 +422,20 @@ async fn post(client: &reqwest::Client, node: &Proc, path: &str, body: &Value) -
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
-async fn listed(client: &reqwest::Client, node: &Proc) -> BTreeMap<String, Value> {
+/// `GET /api/v1/services<query>` of a node, answered 200.
+async fn services(client: &reqwest::Client, node: &Proc, query: &str) -> reqwest::Response {
     let response = client
-        .get(format!("{}/api/v1/services?detail=1", node.base()))
+        .get(format!("{}/api/v1/services{query}", node.base()))
         .header("X-API-Key", KEY)
         .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    let body: Value = response.json().await.unwrap();
+    response
+}
+
+async fn listed(client: &reqwest::Client, node: &Proc) -> BTreeMap<String, Value> {
+    let body: Value = services(client, node, "?detail=1").await.json().await.unwrap();
     body["instances"]
         .as_array()
         .unwrap()
@@ -414,6 +487,15 @@ fn instance(id: &str, service: &str, i: usize, ttl_ns: i64) -> Value {
     })
 }
 
+/// What most tests start with: their turn (see [`ONE_AT_A_TIME`]), a 3-member etcd, 3
+/// nodes on `prefix`, and a client.
+async fn three_nodes(prefix: &str) -> (tokio::sync::MutexGuard<'static, ()>, Cluster, Nodes, reqwest::Client) {
+    let turn = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let nodes = nodes(&cluster, prefix).await;
+    (turn, cluster, nodes, client())
+}
+
 struct Nodes {
     procs: Vec<Proc>,
     dirs: Vec<PathBuf>,
@@ -434,10 +516,7 @@ async fn nodes(cluster: &Cluster, prefix: &str) -> Nodes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn a_registration_on_one_node_is_served_by_every_node_and_changes_through_any() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let n = nodes(&cluster, "/t1/").await;
-    let client = client();
+    let (_turn, _cluster, n, client) = three_nodes("/t1/").await;
     let (a, b, c) = (&n.procs[0], &n.procs[1], &n.procs[2]);
 
     // Propagation: 200 on node 1, then the DNS answer on nodes 2 and 3.
@@ -530,6 +609,88 @@ async fn a_registration_on_one_node_is_served_by_every_node_and_changes_through_
     .await;
 }
 
+/// The `X-Koder-Index` of a node's listing.
+async fn index(client: &reqwest::Client, node: &Proc) -> u64 {
+    let response = services(client, node, "").await;
+    response.headers()["x-koder-index"].to_str().unwrap().parse().unwrap()
+}
+
+/// Waits until every node shows the same `X-Koder-Index` and SOA serial (the serial being
+/// the index's low 32 bits); asserts that this holds within 1 s of `since` (the last
+/// write's answer); returns the index.
+async fn one_index_everywhere(what: &str, client: &reqwest::Client, nodes: &[&Proc], since: Instant) -> u64 {
+    let mut seen = Vec::new();
+    loop {
+        seen.clear();
+        for node in nodes {
+            seen.push((index(client, node).await, soa_serial(node.dns).await));
+        }
+        let (first, serial) = seen[0];
+        if seen.iter().all(|s| *s == (first, serial)) && serial == first as u32 {
+            eprintln!(
+                "{what}: index {first} on every node {:?} after the last write",
+                since.elapsed()
+            );
+            return first;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(1),
+            "{what}: (index, serial) per node {seen:?} still differ 1 s after the last write"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Registrations from `clients` tasks through the given nodes until `stop`; returns how
+/// many were answered 200 and when the last one was.
+fn load(
+    client: &reqwest::Client,
+    bases: Vec<String>,
+    clients: usize,
+    tag: &'static str,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinSet<(usize, Option<Instant>)> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..clients {
+        let (client, base, stop) = (client.clone(), bases[t % bases.len()].clone(), stop.clone());
+        tasks.spawn(async move {
+            let (mut acked, mut last) = (0, None);
+            let mut k = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let body = instance(&format!("{tag}-{t}-{k}"), tag, t * 1000 + k, 120 * SECOND);
+                let sent = send(&client, &base, "register", &body).await;
+                match sent {
+                    Ok(r) if r.status() == 200 => {
+                        acked += 1;
+                        last = Some(Instant::now());
+                    }
+                    Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    // A killed node: its clients stop.
+                    Err(_) => return (acked, last),
+                }
+                k += 1;
+            }
+            (acked, last)
+        });
+    }
+    tasks
+}
+
+/// Stops `load` and returns when its last registration was answered.
+async fn last_write(
+    stop: &std::sync::atomic::AtomicBool,
+    mut tasks: tokio::task::JoinSet<(usize, Option<Instant>)>,
+) -> (usize, Instant) {
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut acked, mut last) = (0, None::<Instant>);
+    while let Some(r) = tasks.join_next().await {
+        let (n, at) = r.unwrap();
+        acked += n;
+        last = last.max(at);
+    }
+    (acked, last.expect("some registrations were answered"))
+}
+
 async fn soa_serial(dns: SocketAddr) -> u32 {
     let reply = common::tcp_query(
         dns,
@@ -545,10 +706,8 @@ async fn soa_serial(dns: SocketAddr) -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn an_expired_instance_is_hidden_everywhere_and_deleted_once() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let n = nodes(&cluster, "/t2/").await;
-    let client = client();
+    let (_turn, _cluster, n, client) = three_nodes("/t2/").await;
+    let sent = Instant::now();
     let (status, body) = post(
         &client,
         &n.procs[0],
@@ -557,19 +716,37 @@ async fn an_expired_instance_is_hidden_everywhere_and_deleted_once() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    for node in &n.procs {
-        until("every node serves it", Duration::from_secs(2), async || {
-            srv(node.dns, "short").await == 1
-        })
-        .await;
-    }
-    // Its lease (1s, + the 200ms batch as grace on the nodes that did not take it) ends.
+    let all: Vec<&Proc> = n.procs.iter().collect();
+    let registered = one_index_everywhere("after the registration", &client, &all, Instant::now()).await;
+    // Its lease (1 s from the registration's stamp) ends at the same moment on every node;
+    // the expiry leader deletes it then, and every index moves with the delete.
     for node in &n.procs {
         until("every node hides it", Duration::from_secs(3), async || {
             srv(node.dns, "short").await == 0
         })
         .await;
     }
+    let lease_end = sent + Duration::from_secs(1);
+    until(
+        "every node's index moves past the expiry",
+        Duration::from_secs(3),
+        async || {
+            for node in &n.procs {
+                if index(&client, node).await == registered {
+                    return false;
+                }
+            }
+            true
+        },
+    )
+    .await;
+    let moved = lease_end.elapsed();
+    one_index_everywhere("after the expiry", &client, &all, Instant::now()).await;
+    eprintln!("lease end -> every node's index past the expiry: at most {moved:?}");
+    assert!(
+        moved < Duration::from_secs(1),
+        "the index moved {moved:?} after the lease ended"
+    );
     // One node deletes the key; the delete reaches every node: the log of each says so.
     until("one delete from etcd", Duration::from_secs(5), async || {
         n.procs
@@ -591,10 +768,7 @@ async fn an_expired_instance_is_hidden_everywhere_and_deleted_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn kill_9_of_a_node_under_concurrent_registrations_loses_no_acknowledged_one() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let mut n = nodes(&cluster, "/t3/").await;
-    let client = client();
+    let (_turn, cluster, mut n, client) = three_nodes("/t3/").await;
     let bases: Vec<String> = n.procs.iter().map(|p| p.base()).collect();
     // 64 clients, spread over nodes 1 and 2; node 1 is killed mid-way.
     let acked = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
@@ -605,12 +779,7 @@ async fn kill_9_of_a_node_under_concurrent_registrations_loses_no_acknowledged_o
             for k in 0..1000 {
                 let id = format!("load-{t}-{k}");
                 let body = instance(&id, &format!("load{}", t % 8), t * 1000 + k, 120 * SECOND);
-                let sent = client
-                    .post(format!("{base}/api/v1/services/register"))
-                    .header("X-API-Key", KEY)
-                    .json(&body)
-                    .send()
-                    .await;
+                let sent = send(&client, &base, "register", &body).await;
                 match sent {
                     Ok(r) if r.status() == 200 => {
                         acked.lock().unwrap().insert(id);
@@ -666,10 +835,7 @@ async fn kill_9_of_a_node_under_concurrent_registrations_loses_no_acknowledged_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn one_etcd_member_killed_writes_go_on() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let mut cluster = Cluster::start().await;
-    let n = nodes(&cluster, "/t4/").await;
-    let client = client();
+    let (_turn, mut cluster, n, client) = three_nodes("/t4/").await;
     cluster.kill(0);
     // A leader election may be under way for up to a second: retry 503s for a while.
     for (i, node) in n.procs.iter().enumerate() {
@@ -698,14 +864,17 @@ async fn one_etcd_member_killed_writes_go_on() {
     }
 }
 
+/// etcd without quorum (two members of three stopped): no heartbeat or write is answered
+/// 200 (none can be taken), every node answers them 503 within 5 s, reads go on, nothing
+/// expires for want of a heartbeat nobody could take; with the members back, all is 200
+/// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
-async fn etcd_down_reads_go_on_writes_get_503_nothing_expires_and_all_recovers() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let mut cluster = Cluster::start().await;
-    let n = nodes(&cluster, "/t5/").await;
-    let client = client();
-    let ttl = 2 * SECOND;
+async fn quorum_lost_heartbeats_and_writes_get_503_within_5s_nothing_expires_and_all_recovers() {
+    let (_turn, mut cluster, n, client) = three_nodes("/t5/").await;
+    // A registrant heart-beats at a third of its TTL: at the loss, its lease has at least
+    // 2 s to run, more than etcd's loss takes to be seen (under a second; see probe.rs).
+    let ttl = 3 * SECOND;
     for (i, node) in n.procs.iter().enumerate() {
         let (status, body) = post(
             &client,
@@ -722,8 +891,47 @@ async fn etcd_down_reads_go_on_writes_get_503_nothing_expires_and_all_recovers()
         })
         .await;
     }
-    for i in 0..3 {
-        cluster.kill(i);
+    for (i, node) in n.procs.iter().enumerate() {
+        let (status, body) = post(&client, node, "/services/heartbeat", &json!({"id": format!("kept{i}")})).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    cluster.kill(0);
+    cluster.kill(1);
+    let lost = Instant::now();
+    // Heartbeats and writes on every node: 503 within 5 s of the loss (those sent at once
+    // wait for etcd's answer, up to its 2 s call timeout).
+    let mut refused = tokio::task::JoinSet::new();
+    for (i, node) in n.procs.iter().enumerate() {
+        let (client, base) = (client.clone(), node.base());
+        refused.spawn(async move {
+            let post = |route: &'static str, body: Value| {
+                let (client, base) = (client.clone(), base.clone());
+                async move { send(&client, &base, route, &body).await }
+            };
+            loop {
+                let beat = post("heartbeat", json!({"id": format!("kept{i}")})).await.unwrap();
+                assert_ne!(beat.status(), 200, "node {i}: a heartbeat taken without quorum");
+                // Its outcome is unknown (it may take effect once quorum is back): its own service.
+                let write = post("register", instance(&format!("during{i}"), "during", i, ttl))
+                    .await
+                    .unwrap();
+                assert_ne!(write.status(), 200, "node {i}: a write taken without quorum");
+                if beat.status() == 503 && write.status() == 503 {
+                    return (i, lost.elapsed());
+                }
+                assert!(
+                    lost.elapsed() < Duration::from_secs(5),
+                    "node {i}: heartbeat {}, write {} 5 s after the loss",
+                    beat.status(),
+                    write.status()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+    }
+    while let Some(done) = refused.join_next().await {
+        let (i, took) = done.unwrap();
+        eprintln!("node {i}: heartbeat and write 503 {took:?} after quorum was lost");
     }
     for node in &n.procs {
         until(
@@ -733,29 +941,22 @@ async fn etcd_down_reads_go_on_writes_get_503_nothing_expires_and_all_recovers()
         )
         .await;
     }
-    // Writes and heartbeats 503; reads go on, for twice the TTL and more.
-    let (status, body) = post(
-        &client,
-        &n.procs[0],
-        "/services/register",
-        &instance("new", "new", 0, ttl),
-    )
-    .await;
-    assert_eq!(status, 503, "{body}");
-    let (status, _) = post(&client, &n.procs[1], "/services/heartbeat", &json!({"id": "kept1"})).await;
+    let (status, _) = post(&client, &n.procs[2], "/services/deregister", &json!({"id": "during2"})).await;
     assert_eq!(status, 503);
-    let (status, _) = post(&client, &n.procs[2], "/services/deregister", &json!({"id": "kept2"})).await;
-    assert_eq!(status, 503);
+    // Reads go on, for twice the TTL and more: nothing expires.
     let until_at = Instant::now() + Duration::from_nanos(2 * ttl as u64 + 500_000_000);
     while Instant::now() < until_at {
         for node in &n.procs {
-            assert_eq!(srv(node.dns, "kept").await, 3, "nothing expires while etcd is down");
+            assert_eq!(
+                srv(node.dns, "kept").await,
+                3,
+                "nothing expires while etcd has no quorum"
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    for i in 0..3 {
-        cluster.spawn(i);
-    }
+    cluster.spawn(0);
+    cluster.spawn(1);
     cluster.healthy().await.unwrap_or_else(|log| panic!("{log}"));
     for (i, node) in n.procs.iter().enumerate() {
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -837,10 +1038,22 @@ async fn migrate_copies_a_redb_registry_and_refuses_a_used_prefix() {
     );
     let forced = migrate(true);
     assert!(forced.status.success(), "{}", String::from_utf8_lossy(&forced.stderr));
-    let node = node(&tmp.path().join("node"), &cluster.endpoints(), "/t6/").await;
-    let listed = listed(&client, &node).await;
-    assert_eq!(listed.keys().cloned().collect::<Vec<_>>(), ["m0", "m1", "m2"]);
-    assert_eq!(srv(node.dns, "moved").await, 3);
+    // Nodes started one after another on the migrated registry show one index (the
+    // migrate's), not each its own load's.
+    let mut procs = Vec::new();
+    for i in 0..3 {
+        procs.push(node(&tmp.path().join(format!("node{i}")), &cluster.endpoints(), "/t6/").await);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for node in &procs {
+        let listed = listed(&client, node).await;
+        assert_eq!(listed.keys().cloned().collect::<Vec<_>>(), ["m0", "m1", "m2"]);
+        assert_eq!(srv(node.dns, "moved").await, 3);
+    }
+    // Nothing was written after the migrate (joining, leading and stamping move nothing).
+    let all: Vec<&Proc> = procs.iter().collect();
+    let index = one_index_everywhere("nodes started after a migrate", &client, &all, Instant::now()).await;
+    assert!(index > 0);
 }
 
 /// A build without the feature refuses `--store etcd` at start, saying how to build a
@@ -857,10 +1070,7 @@ async fn without_the_feature_store_etcd_is_refused_with_the_build_command() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn heartbeats_on_one_node_keep_the_instance_alive_on_every_node() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let n = nodes(&cluster, "/t7/").await;
-    let client = client();
+    let (_turn, _cluster, n, client) = three_nodes("/t7/").await;
     let (status, body) = post(
         &client,
         &n.procs[0],
@@ -893,43 +1103,49 @@ async fn heartbeats_on_one_node_keep_the_instance_alive_on_every_node() {
 }
 
 /// The history checker: clients each own a few ids and change them (register, deregister,
-/// re-register) through random nodes while a koder-dns node is killed and an etcd member is
-/// killed; every acknowledged operation is then checked against the final state on every
-/// node: no acknowledged write lost, no acknowledged deregistration resurrected.
+/// re-register) and heart-beat them through random nodes while a koder-dns node is killed
+/// and an etcd member is killed; every acknowledged operation is then checked against the
+/// final state on every node (no acknowledged write lost, no acknowledged deregistration
+/// resurrected) and every heartbeat answered 200 against etcd's history: the renewal it
+/// answered (its `updated_at`) is a put of that instance there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn history_of_acknowledged_operations_holds_on_every_node_through_faults() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let mut cluster = Cluster::start().await;
-    let mut n = nodes(&cluster, "/t8/").await;
-    let client = client();
+    let (_turn, mut cluster, mut n, client) = three_nodes("/t8/").await;
     let bases: Arc<Vec<String>> = Arc::new(n.procs.iter().map(|p| p.base()).collect());
     /// Per id: the last acknowledged operation (true = registered), and whether an
     /// unacknowledged one came after it (then either state is allowed).
     type History = BTreeMap<String, (Option<bool>, bool)>;
+    /// Heartbeats answered 200: the id and the `updated_at` of the renewal answered.
+    type Renewals = Vec<(String, String)>;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..16 {
         let (client, bases, stop) = (client.clone(), bases.clone(), stop.clone());
         tasks.spawn(async move {
-            let mut history = History::new();
+            let (mut history, mut renewals) = (History::new(), Renewals::new());
             let mut step = 0usize;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let id = format!("h-{t}-{}", fastrand::usize(..4));
-                let register = fastrand::bool();
                 let base = &bases[fastrand::usize(..bases.len())];
-                let (path, body) = if register {
-                    ("register", instance(&id, "hist", t * 4 + step % 4, 120 * SECOND))
-                } else {
-                    ("deregister", json!({ "id": id }))
+                let (path, body) = match fastrand::usize(..5) {
+                    0 | 1 => ("register", instance(&id, "hist", t * 4 + step % 4, 120 * SECOND)),
+                    2 => ("deregister", json!({ "id": id })),
+                    _ => ("heartbeat", json!({ "id": id })),
                 };
+                let register = path == "register";
                 step += 1;
-                let sent = client
-                    .post(format!("{base}/api/v1/services/{path}"))
-                    .header("X-API-Key", KEY)
-                    .json(&body)
-                    .send()
-                    .await;
+                let sent = send(&client, base, path, &body).await;
+                if path == "heartbeat" {
+                    // Changes no registration: only its renewal is checked.
+                    if let Ok(answer) = sent
+                        && answer.status() == 200
+                    {
+                        let renewed: Value = answer.json().await.unwrap();
+                        renewals.push((id, renewed["updated_at"].as_str().unwrap().to_owned()));
+                    }
+                    continue;
+                }
                 let entry = history.entry(id).or_insert((None, false));
                 match sent.map(|r| r.status().as_u16()) {
                     Ok(200) => *entry = (Some(register), false),
@@ -942,7 +1158,7 @@ async fn history_of_acknowledged_operations_holds_on_every_node_through_faults()
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            history
+            (history, renewals)
         });
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -951,10 +1167,42 @@ async fn history_of_acknowledged_operations_holds_on_every_node_through_faults()
     cluster.kill(1);
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut history = History::new();
+    let (mut history, mut renewals) = (History::new(), Renewals::new());
     while let Some(r) = tasks.join_next().await {
-        history.extend(r.unwrap());
+        let (h, r) = r.unwrap();
+        history.extend(h);
+        renewals.extend(r);
     }
+    // Every heartbeat answered 200 is a renewal etcd took: a put of that instance with the
+    // `updated_at` answered, in its history (nothing is compacted in these tests).
+    let taken = cluster.history_of_puts("/t8/instances/");
+    let stamps: BTreeSet<(String, String)> = taken
+        .iter()
+        .filter_map(|(key, value)| {
+            let stored: Value = serde_json::from_str(value).ok()?;
+            Some((
+                key.strip_prefix("/t8/instances/")?.to_owned(),
+                stored["updated_at"].as_str()?.to_owned(),
+            ))
+        })
+        .collect();
+    assert!(
+        renewals.len() >= 32,
+        "too few heartbeats answered 200 to check: {}",
+        renewals.len()
+    );
+    let missing: Vec<&(String, String)> = renewals.iter().filter(|r| !stamps.contains(*r)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} heartbeats answered 200 have no renewal in etcd's history, e.g. {:?}",
+        missing.len(),
+        renewals.len(),
+        &missing[..missing.len().min(5)]
+    );
+    eprintln!(
+        "{} heartbeats answered 200, each a put in etcd's history",
+        renewals.len()
+    );
     let restarted = node(&n.dirs[2], &cluster.endpoints(), "/t8/").await;
     n.procs.push(restarted);
     let checked = history
@@ -1000,10 +1248,7 @@ async fn history_of_acknowledged_operations_holds_on_every_node_through_faults()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn every_node_down_longer_than_the_ttl_is_no_410_storm() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let mut n = nodes(&cluster, "/t9/").await;
-    let client = client();
+    let (_turn, cluster, mut n, client) = three_nodes("/t9/").await;
     let (status, body) = post(
         &client,
         &n.procs[0],
@@ -1125,10 +1370,7 @@ async fn all_flagged(client: &reqwest::Client, node: &Proc, ids: &[String], want
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn each_checked_instance_is_probed_by_one_node_and_every_node_serves_its_verdict() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let n = nodes(&cluster, "/t10/").await;
-    let client = client();
+    let (_turn, _cluster, n, client) = three_nodes("/t10/").await;
     let target = Target::start().await;
     let ids: Vec<String> = (0..6).map(|i| format!("chk{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
@@ -1199,10 +1441,7 @@ async fn each_checked_instance_is_probed_by_one_node_and_every_node_serves_its_v
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn health_checks_move_off_a_killed_node_within_its_membership_lease_and_one_interval() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let mut n = nodes(&cluster, "/t11/").await;
-    let client = client();
+    let (_turn, _cluster, mut n, client) = three_nodes("/t11/").await;
     let target = Target::start().await;
     let body = checked("moving", target.port, "/moving", "500ms");
     let (status, answer) = post(&client, &n.procs[0], "/services/register", &body).await;
@@ -1322,10 +1561,7 @@ async fn health_checks_move_off_a_killed_node_within_its_membership_lease_and_on
 async fn the_watcher_follows_a_cluster_through_the_loss_of_its_node() {
     use koder_dns::client::{Client, Route, Watcher};
 
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = Cluster::start().await;
-    let mut n = nodes(&cluster, "/t-watcher/").await;
-    let client = client();
+    let (_turn, _cluster, mut n, client) = three_nodes("/t-watcher/").await;
     let routed = |name: &str, port: usize| {
         json!({"name": name, "address": "127.0.0.1", "port": port,
                "metadata": {"jet.domain": format!("{name}.koder.dev")}})
@@ -1666,4 +1902,338 @@ async fn a_wrong_ca_client_certificate_password_or_role_fails_the_start_within_1
         String::from_utf8_lossy(&copied.stderr)
     );
     assert!(String::from_utf8_lossy(&copied.stdout).contains("copied 0 instances"));
+}
+
+/// One revision on every node (INTERFACE.md, "Several nodes: etcd"): after a burst of
+/// registrations, after a node is killed under load and started again, and after etcd's
+/// leader is killed under load, every node shows the same `X-Koder-Index` and SOA serial
+/// within a second of the last write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn every_node_shows_one_index_within_a_second_after_a_burst_a_kill_9_and_a_leader_change() {
+    use std::sync::atomic::AtomicBool;
+
+    let (_turn, mut cluster, mut n, client) = three_nodes("/t-index/").await;
+    let bases = |n: &Nodes| n.procs.iter().map(|p| p.base()).collect::<Vec<_>>();
+
+    // A burst through every node, heartbeats among it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let burst = load(&client, bases(&n), 24, "burst", stop.clone());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, body) = post(&client, &n.procs[2], "/services/heartbeat", &json!({"id": "burst-0-0"})).await;
+    assert_eq!(status, 200, "{body}");
+    let (acked, last) = last_write(&stop, burst).await;
+    assert!(acked >= 100, "{acked} registrations in the burst");
+    let all: Vec<&Proc> = n.procs.iter().collect();
+    let after_burst = one_index_everywhere("after a burst", &client, &all, last).await;
+
+    // kill -9 of node 1 while registrations go through nodes 1 and 2; started again.
+    let stop = Arc::new(AtomicBool::new(false));
+    let under_load = load(&client, bases(&n)[..2].to_vec(), 16, "killed", stop.clone());
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    n.procs.remove(0).kill9();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, last) = last_write(&stop, under_load).await;
+    let restarted = node(&n.dirs[0], &cluster.endpoints(), "/t-index/").await;
+    n.procs.insert(0, restarted);
+    let all: Vec<&Proc> = n.procs.iter().collect();
+    // The restarted node loaded the registry after the last write: from its start on.
+    let after_kill =
+        one_index_everywhere("after a kill -9 and a restart", &client, &all, last.max(Instant::now())).await;
+    assert!(after_kill > after_burst);
+
+    // etcd's leader killed while registrations go on (503s during the election are retried).
+    let stop = Arc::new(AtomicBool::new(false));
+    let under_load = load(&client, bases(&n), 16, "leader", stop.clone());
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let leader = cluster.leader().await;
+    cluster.kill(leader);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (acked, last) = last_write(&stop, under_load).await;
+    assert!(acked > 0);
+    let all: Vec<&Proc> = n.procs.iter().collect();
+    let after_leader = one_index_everywhere("after etcd's leader was killed", &client, &all, last).await;
+    assert!(after_leader > after_kill);
+}
+
+/// Renewals change no answer: heart-beating through every node for longer than the TTL
+/// moves no node's index or serial, and a blocking query held on each node meanwhile is
+/// answered only at its wait's end, with the index it was given. Other nodes still see
+/// each renewal (the lease holds everywhere, `updated_at` follows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn a_renewal_only_period_moves_no_index_and_wakes_no_held_request() {
+    let (_turn, _cluster, n, client) = three_nodes("/t-renewals/").await;
+    for i in 0..6 {
+        let (status, body) = post(
+            &client,
+            &n.procs[i % 3],
+            "/services/register",
+            &instance(&format!("beat{i}"), "beat", i, 2 * SECOND),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let all: Vec<&Proc> = n.procs.iter().collect();
+    let before = one_index_everywhere("after the registrations", &client, &all, Instant::now()).await;
+    let stamped = listed(&client, &n.procs[0]).await["beat0"]["updated_at"].clone();
+
+    // A blocking query on each node, held for 3 s.
+    let wait = Duration::from_secs(3);
+    let mut held = tokio::task::JoinSet::new();
+    for node in &n.procs {
+        let (client, url) = (
+            client.clone(),
+            format!("{}/api/v1/services?index={before}&wait=3s", node.base()),
+        );
+        held.spawn(async move {
+            let started = Instant::now();
+            let response = client.get(url).header("X-API-Key", KEY).send().await.unwrap();
+            let index: u64 = response.headers()["x-koder-index"].to_str().unwrap().parse().unwrap();
+            (index, started.elapsed())
+        });
+    }
+    // Heartbeats through every node, each instance through another node than it was
+    // registered on, for 1.5 TTLs.
+    let until_at = Instant::now() + wait - Duration::from_millis(200);
+    let mut beats = 0;
+    while Instant::now() < until_at {
+        for i in 0..6 {
+            let (status, body) = post(
+                &client,
+                &n.procs[(i + 1) % 3],
+                "/services/heartbeat",
+                &json!({"id": format!("beat{i}")}),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            beats += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    while let Some(answer) = held.join_next().await {
+        let (index, took) = answer.unwrap();
+        assert_eq!(index, before, "a held request was answered with another index");
+        assert!(
+            took >= wait,
+            "a held request was answered after {took:?}, before its wait of {wait:?}"
+        );
+    }
+    for node in &n.procs {
+        assert_eq!(index(&client, node).await, before, "{beats} heartbeats moved an index");
+        assert_eq!(soa_serial(node.dns).await, before as u32);
+        assert_eq!(
+            srv(node.dns, "beat").await,
+            6,
+            "renewed on every node, past the 2 s TTL"
+        );
+    }
+    assert_ne!(
+        listed(&client, &n.procs[0]).await["beat0"]["updated_at"],
+        stamped,
+        "node 1 shows the renewals taken by node 2"
+    );
+}
+
+/// One node cut off from etcd (its only endpoint is a member that stops) while the other
+/// two keep quorum: it answers heartbeats 503 within 5 s while the others answer theirs
+/// 200; the others expire the instances its registrants could only renew through it
+/// once their TTL has passed; and it stops probing its share of the health checks once
+/// its membership lease may have ended, so a survivor takes each over without two nodes
+/// probing one instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn a_node_cut_off_from_etcd_refuses_heartbeats_stops_probing_and_the_others_expire_its_registrants() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let prefix = "/t-cut/";
+    let mut procs = Vec::new();
+    for i in 0..2 {
+        procs.push(node(&tmp.path().join(format!("n{i}")), &cluster.endpoints(), prefix).await);
+    }
+    // Cut off through a member that does not lead: no election follows its stop.
+    let leader = cluster.leader().await;
+    let victim = (leader + 1) % 3;
+    let cut = node(&tmp.path().join("cut"), &cluster.endpoint(victim), prefix).await;
+    let client = client();
+    let target = Target::start().await;
+    let mut members: Vec<Arc<str>> = Vec::new();
+    for node in procs.iter().chain([&cut]) {
+        members.push(healthz(&client, node).await["node"].as_str().unwrap().into());
+    }
+    // A checked instance the cut-off node probes.
+    let probed = (0..)
+        .map(|i| format!("probed{i}"))
+        .find(|id| koder_dns::health::owner(&members, id).is_some_and(|o| *o == members[2]))
+        .unwrap();
+    let path = format!("/{probed}");
+    let (status, body) = post(
+        &client,
+        &cut,
+        "/services/register",
+        &checked(&probed, target.port, &path, "500ms"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    for (id, node) in [("kept", &procs[0]), ("cut", &cut)] {
+        let (status, body) = post(&client, node, "/services/register", &instance(id, id, 0, 2 * SECOND)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    for node in procs.iter().chain([&cut]) {
+        until("every node serves both", Duration::from_secs(3), async || {
+            srv(node.dns, "kept").await == 1 && srv(node.dns, "cut").await == 1
+        })
+        .await;
+    }
+    until(
+        "the cut-off node probes its share",
+        Duration::from_secs(5),
+        async || checks_running(&client, &cut).await == 1,
+    )
+    .await;
+
+    cluster.kill(victim);
+    let cut_at = Instant::now();
+    let mut refused_after = None;
+    let mut stopped_after = None;
+    // Each registrant heart-beats its own node every 300 ms.
+    while cut_at.elapsed() < Duration::from_secs(6) {
+        let (status, body) = post(&client, &procs[0], "/services/heartbeat", &json!({"id": "kept"})).await;
+        assert_eq!(status, 200, "the nodes with quorum take heartbeats: {body}");
+        let (status, _) = post(&client, &cut, "/services/heartbeat", &json!({"id": "cut"})).await;
+        match status {
+            503 => {
+                refused_after.get_or_insert(cut_at.elapsed());
+            }
+            200 => assert!(
+                refused_after.is_none(),
+                "a heartbeat 200 on the cut-off node after a 503"
+            ),
+            other => panic!("the cut-off node answered a heartbeat {other}"),
+        }
+        if stopped_after.is_none() && checks_running(&client, &cut).await == 0 {
+            stopped_after = Some(cut_at.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let refused_after = refused_after.expect("the cut-off node never answered 503");
+    assert!(
+        refused_after < Duration::from_secs(5),
+        "503 only {refused_after:?} after the cut"
+    );
+    // Its registrant's lease (2 s) ended, renewed nowhere: the others expire it.
+    for node in &procs {
+        assert_eq!(srv(node.dns, "cut").await, 0, "expired on the nodes with quorum");
+        assert_eq!(srv(node.dns, "kept").await, 1);
+    }
+    let stopped_after = stopped_after.expect("the cut-off node kept probing");
+    assert!(
+        stopped_after <= Duration::from_millis(3000 + 1500),
+        "stopped probing {stopped_after:?} after the cut: more than its membership lease and slack"
+    );
+    until("a survivor probes it", Duration::from_secs(3), async || {
+        let mut running = 0;
+        for node in &procs {
+            running += checks_running(&client, node).await;
+        }
+        running == 1
+    })
+    .await;
+    // One prober: about 4 probes in 2 s at 500 ms, not 8.
+    let from = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let count = target.probes(&path, from, Instant::now()).len();
+    assert!((2..=6).contains(&count), "{count} probes in 2 s at 500 ms");
+    eprintln!("cut off: heartbeats 503 after {refused_after:?}, probing stopped after {stopped_after:?}");
+}
+
+/// Two nodes with one `--node-id` would share one membership key and one share of the
+/// health checks: the second is refused at start (exit 2, naming the id) while the first
+/// lives. A node started with the id of one just killed (its membership lease not ended
+/// yet) waits that lease out and starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn a_second_node_with_a_live_nodes_id_is_refused_and_a_killed_ones_id_is_taken_over() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let endpoints = cluster.endpoints();
+    let mut args = node_args(&endpoints, "/t-ids/");
+    args.extend(["--node-id", "edge-1"]);
+    let first = launch_ok(&tmp.path().join("a"), &args).await;
+    let started = Instant::now();
+    let (status, stderr) = crate::child::launch_refused(&tmp.path().join("b"), &args).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--node-id edge-1"), "{stderr}");
+    eprintln!(
+        "refused after {:?}: {}",
+        started.elapsed(),
+        stderr.lines().last().unwrap_or_default()
+    );
+    assert_eq!(
+        healthz(&client(), &first).await["node"],
+        "edge-1",
+        "the first one runs on"
+    );
+
+    first.kill9();
+    let killed = Instant::now();
+    let second = launch_ok(&tmp.path().join("c"), &args).await;
+    eprintln!("the killed node's id taken over after {:?}", killed.elapsed());
+    let health = healthz(&client(), &second).await;
+    assert_eq!(health["node"], "edge-1");
+    assert_eq!(health["members"], json!(["edge-1"]), "{health}");
+}
+
+/// Every node down for longer than a checked instance's lease, then started again one
+/// after another: each parks the instance (kept, not served) until its registrant or its
+/// check is heard from. No heartbeat comes; the owner's check fails, then passes: the
+/// passing verdict confirms it on every node, not only on the node that probes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn a_parked_instance_is_confirmed_on_every_node_by_its_owners_passing_check() {
+    let (_turn, cluster, mut n, client) = three_nodes("/t-parked/").await;
+    let target = Target::start().await;
+    let ttl = 8 * SECOND;
+    let mut body = checked("parked", target.port, "/parked", "300ms");
+    body["ttl_ns"] = ttl.into();
+    let (status, answer) = post(&client, &n.procs[0], "/services/register", &body).await;
+    assert_eq!(status, 200, "{answer}");
+    // Let the expiry leader stamp its last run after the registration.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    for proc in n.procs.drain(..) {
+        proc.kill9();
+    }
+    tokio::time::sleep(Duration::from_nanos(ttl as u64 + SECOND as u64)).await;
+    target.fail(true);
+    for dir in &n.dirs {
+        n.procs.push(node(dir, &cluster.endpoints(), "/t-parked/").await);
+    }
+    // Parked on every node: listed, not served, while its check fails.
+    for _ in 0..5 {
+        for node in &n.procs {
+            assert!(
+                listed(&client, node).await.contains_key("parked"),
+                "kept on {}",
+                node.base()
+            );
+            assert_eq!(
+                srv(node.dns, "checked").await,
+                0,
+                "served unconfirmed on {}",
+                node.base()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    target.fail(false);
+    let passing = Instant::now();
+    for node in &n.procs {
+        until("confirmed on every node", Duration::from_secs(3), async || {
+            srv(node.dns, "checked").await == 1
+        })
+        .await;
+    }
+    eprintln!("check passing -> served on all 3 nodes: {:?}", passing.elapsed());
 }

@@ -228,22 +228,8 @@ fn expired_but_unreaped_is_invisible() {
     clock.advance(10 * SEC);
     assert_eq!(r.len(), 2, "still stored: the reaper has not run");
     assert_eq!(all(&r), vec!["b"], "not listed");
-    assert_eq!(
-        ids(&r.list(&Filter {
-            name: Some("voice".into()),
-            healthy_only: false,
-            ..Filter::default()
-        })),
-        vec!["b"]
-    );
-    assert_eq!(
-        ids(&r.list(&Filter {
-            name: None,
-            healthy_only: true,
-            ..Filter::default()
-        })),
-        vec!["b"]
-    );
+    assert_eq!(listed(&r, Some("voice"), false), vec!["b"]);
+    assert_eq!(listed(&r, None, true), vec!["b"]);
     assert!(r.get("a").is_none(), "not gettable");
     assert!(r.heartbeat("a").is_none(), "not renewable");
     assert!(r.get("a").is_none(), "the failed heartbeat did not resurrect it");

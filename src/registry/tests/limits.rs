@@ -54,22 +54,8 @@ fn re_registering_with_another_name_moves_the_instance() {
     assert_eq!(view_ids(&r, "chat"), vec!["a"]);
     assert_eq!(answerable_ids(&r, "chat"), vec!["a"]);
     assert_eq!(r.get("a").unwrap().name, "chat");
-    assert_eq!(
-        ids(&r.list(&Filter {
-            name: Some("voice".into()),
-            healthy_only: false,
-            ..Filter::default()
-        })),
-        vec!["b"]
-    );
-    assert_eq!(
-        ids(&r.list(&Filter {
-            name: Some("chat".into()),
-            healthy_only: false,
-            ..Filter::default()
-        })),
-        vec!["a"]
-    );
+    assert_eq!(listed(&r, Some("voice"), false), vec!["b"]);
+    assert_eq!(listed(&r, Some("chat"), false), vec!["a"]);
     assert_eq!(r.service_names(&Filter::default()), vec!["chat", "voice"]);
 
     // Moving the last instance of a service removes the service.

@@ -52,22 +52,8 @@ fn list_is_sorted_by_name_then_id_and_filters() {
         vec!["alpha", "beta", "gamma"],
         "delta has no healthy instance"
     );
-    assert_eq!(
-        ids(&r.list(&Filter {
-            name: Some("alpha".into()),
-            healthy_only: false,
-            ..Filter::default()
-        })),
-        vec!["c", "d", "m"]
-    );
-    assert_eq!(
-        ids(&r.list(&Filter {
-            name: Some("alpha".into()),
-            healthy_only: true,
-            ..Filter::default()
-        })),
-        vec!["c", "m"]
-    );
+    assert_eq!(listed(&r, Some("alpha"), false), vec!["c", "d", "m"]);
+    assert_eq!(listed(&r, Some("alpha"), true), vec!["c", "m"]);
     assert!(
         r.list(&Filter {
             name: Some("nope".into()),

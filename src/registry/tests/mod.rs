@@ -41,6 +41,15 @@ pub(super) fn ids(instances: &[Instance]) -> Vec<String> {
     instances.iter().map(|i| i.id.to_string()).collect()
 }
 
+/// The ids a listing of `name` (every service with `None`) shows.
+pub(super) fn listed(r: &Registry, name: Option<&str>, healthy_only: bool) -> Vec<String> {
+    ids(&r.list(&Filter {
+        name: name.map(str::to_owned),
+        healthy_only,
+        ..Filter::default()
+    }))
+}
+
 pub(super) fn all(r: &Registry) -> Vec<String> {
     ids(&r.list(&Filter::default()))
 }

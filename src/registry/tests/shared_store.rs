@@ -14,6 +14,61 @@ fn a_followed_revision_is_the_stores_and_local_changes_do_not_move_it() {
     assert_eq!(r.revision(), 9, "only ever moves forward");
 }
 
+/// A held blocking query waits on [`Registry::changed`]: following a store's revision, a
+/// local change (applied ahead of the store's watch) must not wake it with the index it
+/// holds; the store's revision does.
+#[test]
+fn following_a_stores_revision_a_local_change_wakes_no_one() {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+
+    let (r, _) = registry(SEC * 10);
+    r.follow_revision(7);
+    let changed = r.changed();
+    let mut changed = std::pin::pin!(changed);
+    changed.as_mut().enable();
+    r.register(spec("a", "web")).unwrap();
+    r.deregister("a");
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(changed.as_mut().poll(&mut cx).is_pending(), "woken by a local change");
+    r.advance_revision(8);
+    assert_eq!(
+        changed.as_mut().poll(&mut cx),
+        Poll::Ready(()),
+        "not woken by the store's revision"
+    );
+}
+
+#[test]
+fn a_renewal_is_computed_without_renewing_and_says_when_it_confirms() {
+    let (r, clock) = registry(SEC * 10);
+    let stored = r.register(spec("a", "web")).unwrap().instance;
+    clock.advance(SEC * 4);
+    let (renewed, confirms) = r.renewal("a").unwrap();
+    assert_eq!(renewed.updated_at, r.now());
+    assert_eq!(
+        Instance {
+            updated_at: stored.updated_at,
+            ..renewed
+        },
+        stored
+    );
+    assert!(!confirms, "alive: nothing to confirm");
+    assert_eq!(r.get("a").unwrap().updated_at, stored.updated_at, "nothing renewed");
+    clock.advance(SEC * 6);
+    assert!(r.renewal("a").is_none(), "its lease ended at 10s");
+    assert!(r.renewal("unknown").is_none());
+
+    // A lease that ran out while the registry could not see heartbeats: renewed, and the
+    // renewal confirms it.
+    let stored = r.register(spec("b", "web")).unwrap().instance;
+    r.blind_between(r.now(), r.now() + (SEC * 20).as_nanos() as i64);
+    clock.advance(SEC * 15);
+    let (renewed, confirms) = r.renewal("b").unwrap();
+    assert!(confirms, "lapsed unseen");
+    assert!(renewed.updated_at > stored.updated_at);
+}
+
 #[test]
 fn prepared_says_created_for_a_new_or_dead_id_only() {
     let (r, clock) = registry(SEC * 10);

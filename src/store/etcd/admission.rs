@@ -18,14 +18,8 @@ use rustls::{AlertDescription, CertificateError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cluster::{Connection, PASSWORD_ENV};
+use crate::store::Refused;
 use crate::tls::Credentials;
-
-/// etcd refused this node: a setting to fix, not an outage, so the start fails with exit 2.
-/// The message starts with "etcd" and says which setting etcd refused, and never holds the
-/// password.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Refused(String);
 
 /// The longest the TLS check waits on one endpoint for each of its steps; an endpoint that
 /// does not answer within it is left to the connection proper (unreachable is not refused).

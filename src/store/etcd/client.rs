@@ -3,7 +3,9 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions, Txn, TxnResponse};
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, Identity, PutOptions, TlsOptions, Txn, TxnOp, TxnResponse,
+};
 
 use super::{Etcd, admission};
 use crate::cluster::Connection;
@@ -14,7 +16,7 @@ pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Connects; etcd-client balances over the endpoints and fails over between them. A
 /// setting etcd refuses (its certificate, the client certificate, the user, the permission on
-/// `prefix`) is an [`admission::Refused`] naming it.
+/// `prefix`) is a [`crate::store::Refused`] naming it.
 pub(super) async fn connect(connection: &Connection, prefix: &str) -> anyhow::Result<Client> {
     admission::check_tls(connection).await?;
     let mut options = ConnectOptions::new()
@@ -108,8 +110,18 @@ impl Etcd {
         let started = Instant::now();
         let result = match tokio::time::timeout(CALL_TIMEOUT, retrying(&self.client, call)).await {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => Err(classify(e, what)),
-            Err(_) => Err(outcome_unknown(what)),
+            Ok(Err(e)) => {
+                let gone = refused(&e);
+                let error = classify(e, what);
+                if gone || matches!(error, StoreError::OutcomeUnknown(_)) {
+                    self.suspect();
+                }
+                Err(error)
+            }
+            Err(_) => {
+                self.suspect();
+                Err(outcome_unknown(what))
+            }
         };
         // The same series as redb's commits: an operator's dashboard works for both stores.
         crate::metrics::store_commit(result.is_ok(), started.elapsed());
@@ -122,5 +134,37 @@ impl Etcd {
             async move { client.txn(txn).await }
         })
         .await
+    }
+
+    /// Puts `key` (this node's id as its value) on a fresh lease of `ttl_s` seconds if no
+    /// key is there: the lease and the key's `create_revision`, or `None` (and the lease
+    /// revoked) when another holds it.
+    pub(super) async fn claim(&self, key: &str, ttl_s: i64) -> Result<Option<(i64, i64)>, etcd_client::Error> {
+        let lease = retrying(&self.client, |mut client| async move {
+            client.lease_grant(ttl_s, None).await
+        })
+        .await?
+        .id();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                self.node_id.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let answer = retrying(&self.client, |mut client| {
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await?;
+        if !answer.succeeded() {
+            let _ = retrying(
+                &self.client,
+                |mut client| async move { client.lease_revoke(lease).await },
+            )
+            .await;
+            return Ok(None);
+        }
+        Ok(Some((lease, answer.header().map_or(0, |h| h.revision()))))
     }
 }

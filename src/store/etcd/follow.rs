@@ -1,5 +1,10 @@
 //! Following etcd: every instance loaded at one revision at start, then an etcd watch from
 //! the next revision applies every put and delete.
+//!
+//! The registry's revision is the `mod_revision` of `<prefix>revision`, which every write
+//! that alters an answer puts in its transaction (see [`super::write`]) and nothing else
+//! does: renewals and memberships leave it, and every node that applied the same events
+//! shows the same revision.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -20,8 +25,9 @@ pub(super) const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) const PAGE: i64 = 5000;
 
 impl Etcd {
-    /// Loads every instance at one revision, paged; ids this node holds that etcd no
-    /// longer has are removed (a reload after the watch fell behind a compaction).
+    /// Loads every instance at one revision, paged, and the revision key at that revision;
+    /// ids this node holds that etcd no longer has are removed (a reload after the watch
+    /// fell behind a compaction).
     pub(super) async fn load(&self) -> Result<i64, etcd_client::Error> {
         let end = {
             let mut end = self.instances.clone().into_bytes();
@@ -58,6 +64,14 @@ impl Etcd {
                 _ => break,
             }
         }
+        let changed = retrying(&self.client, |mut client| {
+            let key = self.revision_key.clone();
+            async move { client.get(key, Some(GetOptions::new().with_revision(revision))).await }
+        })
+        .await?
+        .kvs()
+        .first()
+        .map_or(0, KeyValue::mod_revision);
         let _applying = self.applying.lock();
         let gone: Vec<Arc<str>> = self
             .revisions
@@ -68,7 +82,7 @@ impl Etcd {
         for id in gone {
             self.apply_delete(&id, revision);
         }
-        self.registry.follow_revision(revision as u64);
+        self.registry.follow_revision(changed as u64);
         self.applied.send_replace(revision);
         Ok(revision)
     }
@@ -100,9 +114,11 @@ impl Etcd {
         if self.revisions.get(&id).is_some_and(|known| *known >= revision) {
             return;
         }
-        if !self.registry.renewed_elsewhere(&instance, self.grace) {
+        // Every node's lease ends at the stored `updated_at` + TTL: a renewal is stored
+        // before it is answered, so no grace is needed for one not yet written.
+        if !self.registry.renewed_elsewhere(&instance, 0) {
             // One whose lease ended before it arrived is not put back; the leader deletes it.
-            self.registry.put_back(instance, self.grace);
+            self.registry.put_back(instance, 0);
         }
         self.revisions.insert(id, revision);
     }
@@ -117,8 +133,8 @@ impl Etcd {
         self.revisions.remove(id);
     }
 
+    /// The watch delivered everything up to `revision` (events or a progress report).
     pub(super) fn applied_to(&self, revision: i64) {
-        self.registry.advance_revision(revision as u64);
         self.applied.send_if_modified(|applied| {
             let newer = revision > *applied;
             if newer {
@@ -133,10 +149,12 @@ impl Etcd {
     pub(super) async fn follow(self: Arc<Self>) {
         while !self.shutdown.is_cancelled() {
             let from = *self.applied.borrow() + 1;
+            // The whole prefix: the instances and the revision key (the few other keys'
+            // events are skipped).
             let options = WatchOptions::new().with_prefix().with_start_revision(from);
             let mut client = self.client.clone();
             let mut stream =
-                match tokio::time::timeout(CALL_TIMEOUT, client.watch(self.instances.clone(), Some(options))).await {
+                match tokio::time::timeout(CALL_TIMEOUT, client.watch(self.prefix.clone(), Some(options))).await {
                     Ok(Ok(stream)) => stream,
                     Ok(Err(e)) => {
                         self.failed(&format!("cannot watch etcd: {e}"));
@@ -187,10 +205,15 @@ impl Etcd {
                     }
                     continue;
                 }
-                let mut last = 0;
+                let (mut last, mut changed) = (0, 0);
                 let applying = self.applying.lock();
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
+                    last = last.max(kv.mod_revision());
+                    if kv.key() == self.revision_key.as_bytes() {
+                        changed = changed.max(kv.mod_revision());
+                        continue;
+                    }
                     match event.event_type() {
                         EventType::Put => {
                             self.apply_put(kv);
@@ -201,10 +224,14 @@ impl Etcd {
                             }
                         }
                     }
-                    last = last.max(kv.mod_revision());
                 }
                 self.applied_to(last);
                 drop(applying);
+                // After the events of its transaction (a response holds whole revisions):
+                // a watcher woken by it sees the change.
+                if changed > 0 {
+                    self.registry.advance_revision(changed as u64);
+                }
             }
             self.pause(Duration::from_millis(100)).await;
         }

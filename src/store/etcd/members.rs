@@ -1,15 +1,17 @@
 //! The live nodes: each node keeps `<prefix>members/<id>` on an etcd lease of its own and
 //! follows the others' keys, for spreading the health checks (see `crate::health`).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
-use etcd_client::{EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{EventType, GetOptions, WatchOptions};
 use tracing::{info, warn};
 
 use super::Etcd;
 use super::client::{CALL_TIMEOUT, retrying};
-use crate::store::Membership;
+use crate::store::{Membership, Refused};
 
 /// A node's membership lease: a node that stops renewing it (killed, cut off from etcd)
 /// leaves the live members this long after its last renewal, and its health checks move.
@@ -19,63 +21,99 @@ pub const MEMBER_TTL_S: i64 = 3;
 pub(super) const MEMBER_RENEW_EVERY: Duration = Duration::from_secs(1);
 
 impl Etcd {
-    /// Puts this node's membership key on a fresh lease of [`MEMBER_TTL_S`]; returns the lease.
-    pub(super) async fn join(&self) -> Result<i64, etcd_client::Error> {
-        let lease = retrying(&self.client, |mut client| async move {
-            client.lease_grant(MEMBER_TTL_S, None).await
-        })
-        .await?
-        .id();
+    /// Puts this node's membership key on a fresh lease of [`MEMBER_TTL_S`], if no live
+    /// node holds it; returns the lease. A node killed a moment ago may still hold it until
+    /// its lease ends: the key is waited for that long (and a second more), then the id is
+    /// refused ([`Refused`]): two nodes with one id would share one membership key and one
+    /// share of the health checks.
+    pub(super) async fn join(&self) -> anyhow::Result<i64> {
         let key = format!("{}{}", self.members_prefix, self.node_id);
-        retrying(&self.client, |mut client| {
-            let (key, id) = (key.clone(), self.node_id.clone());
-            async move { client.put(key, id, Some(PutOptions::new().with_lease(lease))).await }
-        })
-        .await?;
+        let deadline = Instant::now() + Duration::from_secs(MEMBER_TTL_S as u64 + 1);
+        let lease = loop {
+            let held = retrying(&self.client, |mut client| {
+                let key = key.clone();
+                async move { client.get(key, Some(GetOptions::new().with_count_only())).await }
+            })
+            .await?
+            .count()
+                > 0;
+            // Taken in between (claimed by another node): by a live node, as far as this
+            // one can tell.
+            if !held && let Some((lease, _)) = self.claim(&key, MEMBER_TTL_S).await? {
+                break lease;
+            }
+            if Instant::now() >= deadline {
+                return Err(Refused(format!(
+                    "--node-id {}: a live node holds this id (etcd key {key}); give each node its own --node-id",
+                    self.node_id
+                ))
+                .into());
+            }
+            self.pause(Duration::from_millis(200)).await;
+        };
         *self.member_lease.lock() = Some(lease);
         info!(node = %self.node_id, ttl_s = MEMBER_TTL_S, "joined the live nodes");
         Ok(lease)
     }
 
     /// Renews the membership lease every [`MEMBER_RENEW_EVERY`]; joins again when etcd
-    /// says the lease ended (this node was cut off from etcd for longer than the TTL, and
-    /// the others took its health checks over meanwhile).
+    /// says the lease ended. Cut off from etcd, this node counts itself out of the live
+    /// nodes (and so stops probing its share) once its lease may have ended: a TTL after
+    /// the last renewal etcd answered was sent, never later than the others take its share
+    /// over.
     pub(super) async fn stay_member(self: Arc<Self>, mut lease: i64) {
+        let ttl = Duration::from_secs(MEMBER_TTL_S as u64);
+        let mut lasts_until = Instant::now() + ttl;
+        let mut keeper = None;
         while !self.shutdown.is_cancelled() {
-            let kept = retrying(&self.client, |mut client| async move {
-                client.lease_keep_alive(lease).await
-            });
-            let (mut keeper, mut answers) = match tokio::time::timeout(CALL_TIMEOUT, kept).await {
-                Ok(Ok(kept)) => kept,
-                _ => {
-                    self.pause(MEMBER_RENEW_EVERY).await;
-                    continue;
-                }
-            };
-            loop {
-                let renewed = async {
-                    keeper.keep_alive().await?;
-                    answers.message().await
-                };
-                match tokio::time::timeout(MEMBER_RENEW_EVERY, renewed).await {
-                    Ok(Ok(Some(answer))) if answer.ttl() > 0 => {}
-                    Ok(Ok(Some(_))) => {
-                        warn!(node = %self.node_id, "this node's membership lease ended; joining the live nodes again");
-                        self.pause(Duration::from_millis(100)).await;
-                        match self.join().await {
-                            Ok(fresh) => lease = fresh,
-                            Err(e) => self.failed(&format!("cannot join the live nodes: {e}")),
-                        }
-                        break;
-                    }
-                    // No answer: a new keeper, on the same lease while it lasts.
-                    _ => break,
-                }
-                self.pause(MEMBER_RENEW_EVERY).await;
-                if self.shutdown.is_cancelled() {
-                    return;
-                }
+            if Instant::now() >= lasts_until {
+                self.count_me(false);
             }
+            let sent = Instant::now();
+            let renewed = async {
+                let (keeper, answers) = match &mut keeper {
+                    Some(kept) => kept,
+                    None => keeper.insert(self.client.clone().lease_keep_alive(lease).await?),
+                };
+                keeper.keep_alive().await?;
+                answers.message().await
+            };
+            match tokio::time::timeout(MEMBER_RENEW_EVERY, renewed).await {
+                Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
+                    lasts_until = sent + Duration::from_secs(answer.ttl() as u64);
+                    self.count_me(true);
+                }
+                Ok(Ok(Some(_))) => {
+                    warn!(node = %self.node_id, "this node's membership lease ended; joining the live nodes again");
+                    self.count_me(false);
+                    keeper = None;
+                    match self.join().await {
+                        Ok(fresh) => {
+                            lease = fresh;
+                            lasts_until = Instant::now() + ttl;
+                            self.count_me(true);
+                        }
+                        Err(e) => self.failed(&format!("cannot join the live nodes: {e:#}")),
+                    }
+                }
+                // No answer: a new keeper, on the same lease while it lasts.
+                _ => keeper = None,
+            }
+            let next = (sent + MEMBER_RENEW_EVERY).min(lasts_until);
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tokio::time::sleep_until(next.into()) => {}
+            }
+        }
+    }
+
+    /// Whether this node counts itself among the live nodes it publishes.
+    fn count_me(&self, live: bool) {
+        if self.counted.swap(live, Ordering::AcqRel) != live {
+            if !live {
+                warn!(node = %self.node_id, "this node's membership lease may have ended (etcd did not renew it): it stops probing its share of the health checks");
+            }
+            self.publish_members();
         }
     }
 
@@ -98,7 +136,17 @@ impl Etcd {
         Ok(answer.header().map_or(0, |h| h.revision()))
     }
 
-    pub(super) fn set_members(&self, members: std::collections::BTreeSet<Arc<str>>) {
+    pub(super) fn set_members(&self, members: BTreeSet<Arc<str>>) {
+        *self.seen_members.lock() = members;
+        self.publish_members();
+    }
+
+    /// The live nodes as etcd says, without this node while it counts itself out.
+    fn publish_members(&self) {
+        let mut members = self.seen_members.lock().clone();
+        if !self.counted.load(Ordering::Acquire) {
+            members.remove(self.node_id.as_str());
+        }
         let members: Arc<[Arc<str>]> = members.into_iter().collect();
         self.members.send_if_modified(|known| {
             let changed = *known != members;
@@ -143,7 +191,7 @@ impl Etcd {
                 if response.events().is_empty() {
                     continue;
                 }
-                let mut members: std::collections::BTreeSet<Arc<str>> = self.members.borrow().iter().cloned().collect();
+                let mut members = self.seen_members.lock().clone();
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
                     let key = String::from_utf8_lossy(kv.key());

@@ -5,7 +5,7 @@ use etcd_client::{DeleteOptions, GetOptions, Txn, TxnOp};
 use tracing::info;
 
 use super::client::connect;
-use super::renewals::TXN_RENEWALS;
+use super::group::TXN_WRITES;
 use crate::model::instance::Instance;
 
 /// `koder-dns migrate --to-etcd`: copies the redb registry under `--data-dir` into etcd,
@@ -42,9 +42,9 @@ pub async fn migrate(
             .context("cannot clear the prefix")?;
     }
     let now = crate::model::clock::Clock::now(&crate::model::clock::SystemClock);
-    let instances = format!("{}instances/", prefix);
+    let instances = super::instances_key(prefix);
     let total = loaded.instances.len();
-    for chunk in loaded.instances.chunks(TXN_RENEWALS) {
+    for chunk in loaded.instances.chunks(TXN_WRITES) {
         let puts: Vec<TxnOp> = chunk
             .iter()
             .map(|instance| {
@@ -61,6 +61,11 @@ pub async fn migrate(
             .await
             .context("cannot write to etcd")?;
     }
+    // Once, at the end: the revision every node will show, above any they showed before.
+    client
+        .put(super::revision_key(prefix), "migrate", None)
+        .await
+        .context("cannot write to etcd")?;
     info!(from = %path.display(), total, "registry copied into etcd");
     Ok(total)
 }

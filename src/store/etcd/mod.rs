@@ -12,21 +12,26 @@
 //!   `mod_revision` with the one this node last applied and computed `created` and
 //!   `registered_at` from: when another node changed the key meanwhile the compare fails,
 //!   the node catches up and decides again; it never reads before writing.
-//! - Heartbeats renew in memory, as on redb; the renewals are written every
-//!   `--persist-interval` in grouped transactions, one Raft write per batch of 64 renewed
-//!   instances rather than one per heartbeat. Other nodes extend the lease when the write
-//!   reaches them, so each node's lease for an instance ends at the last renewal written +
-//!   TTL + `--persist-interval`.
+//! - The registry's revision is the `mod_revision` of `<prefix>revision`, put by every
+//!   transaction that alters an answer (registrations that change something, removals,
+//!   expiry deletes, health flips) and by nothing else, so renewals and memberships move
+//!   nothing and every node that applied the same events shows the same revision.
+//! - A heartbeat is answered 200 only once etcd holds its renewal: renewals are
+//!   group-committed (see [`group`]), each a put of the instance with its new
+//!   `updated_at`, compared on its `mod_revision`. Every node's lease for an instance ends
+//!   at that stored `updated_at` + TTL.
 //! - Every node hides an instance at the instant its lease ends, as on redb; one node, the
-//!   holder of the `<prefix>leader` key (on an etcd lease), deletes expired keys, each
-//!   compared on its `mod_revision` (a renewal that raced it wins) and on the leader key's
-//!   `create_revision` (a former leader's late delete fails).
+//!   holder of the `<prefix>leader` key (on an etcd lease), deletes expired keys as their
+//!   leases end, each compared on its `mod_revision` (a renewal that raced it wins) and on
+//!   the leader key's `create_revision` (a former leader's late delete fails).
 //! - Health checks are spread over the live nodes: each node keeps `<prefix>members/<id>`
 //!   on an etcd lease of [`MEMBER_TTL_S`] and follows the others' keys (see
 //!   the health checker for who probes what). The owner of an instance writes its
 //!   verdict at once (`Etcd::set_health`), compared on the key's `mod_revision`, and every
-//!   node takes the flag from its watch ([`Registry::renewed_elsewhere`]); renewal batches
-//!   carry the flag each node applied, compared the same way, so none overwrites a newer one.
+//!   node takes the flag from its watch ([`Registry::renewed_elsewhere`]); renewals carry
+//!   the flag the renewing node applied, compared the same way, so none overwrites a newer
+//!   one. A node cut off from etcd counts itself out of the live nodes a TTL after its last
+//!   renewal and stops probing. A second node with a live node's `--node-id` is refused.
 //! - etcd unreachable or without quorum: reads go on from the local copy, writes and
 //!   heartbeats get 503, and every lease is held at least one TTL ahead, so nothing
 //!   expires because its heartbeats could not be taken; the watch resumes from the last
@@ -35,22 +40,24 @@
 mod admission;
 mod client;
 mod follow;
+mod group;
 mod leader;
 mod members;
 mod migrate;
 mod probe;
-mod renewals;
 mod write;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use std::collections::BTreeSet;
+
 use anyhow::Context;
 use dashmap::DashMap;
-use etcd_client::Client;
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use parking_lot::Mutex;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -59,7 +66,7 @@ use super::{Backend, DiskStatus, IdLock, Membership, StoreError};
 use crate::model::clock::Nanos;
 use crate::model::instance::{Instance, Validated};
 use crate::registry::{Registered, Registry};
-pub use admission::Refused;
+
 use client::{CALL_TIMEOUT, connect, retrying};
 pub use members::MEMBER_TTL_S;
 pub use migrate::migrate;
@@ -69,20 +76,25 @@ pub struct Settings {
     pub connection: crate::cluster::Connection,
     pub prefix: String,
     pub node_id: String,
-    /// `--persist-interval`: renewals are written this often, so other nodes' leases get it as grace.
-    pub persist_interval: Duration,
-    /// `--reaper-interval`: how often the leader deletes what expired.
+    /// `--reaper-interval`: how often the leader sweeps for what expired before it led.
     pub reaper_interval: Duration,
 }
 
 pub struct Etcd {
     client: Client,
+    /// `<prefix>`: what the watch follows.
+    prefix: String,
     /// `<prefix>instances/`.
     instances: String,
+    /// `<prefix>revision`: its `mod_revision` is the registry's revision.
+    revision_key: String,
     leader_key: String,
     /// When the expiry leader last ran, on its clock: tells a start after every node was
     /// down how long heartbeats could not be taken (see [`Self::open`]).
     alive_key: String,
+    /// `<prefix>outage`: the last time every node was down, as the first node to start
+    /// after it found it (see [`Self::blind_while_no_node_ran`]).
+    outage_key: String,
     node_id: String,
     registry: Arc<Registry>,
     /// The `mod_revision` of every key this node applied: what a registration compares on.
@@ -98,7 +110,10 @@ pub struct Etcd {
     /// (another key's, a failed compare's) is only known applied through one.
     progress: Notify,
     reachable: AtomicBool,
-    grace: Nanos,
+    /// Asks the probe to look at once (see [`Self::suspect`]).
+    suspected: Notify,
+    /// Writes of instances waiting for their group (see [`group`]).
+    writes: mpsc::UnboundedSender<group::Write>,
     failures: AtomicU64,
     last_error: Mutex<Option<String>>,
     shutdown: CancellationToken,
@@ -107,10 +122,25 @@ pub struct Etcd {
     leader_lease: Mutex<Option<i64>>,
     /// `<prefix>members/`: one key per live node, on that node's own lease.
     members_prefix: String,
-    /// The live nodes' ids, sorted, as this node last saw them.
+    /// The live nodes' ids as this node last read them from etcd.
+    seen_members: Mutex<BTreeSet<Arc<str>>>,
+    /// Whether this node counts itself among them: not once its membership lease may
+    /// have ended (see `stay_member`).
+    counted: AtomicBool,
+    /// The live nodes' ids, sorted, as published to the health checker.
     members: watch::Sender<Arc<[Arc<str>]>>,
     /// The etcd lease of this node's membership key.
     member_lease: Mutex<Option<i64>>,
+}
+
+/// `<prefix>instances/`: one key per instance, its JSON.
+fn instances_key(prefix: &str) -> String {
+    format!("{prefix}instances/")
+}
+
+/// `<prefix>revision`: its `mod_revision` is the registry's revision.
+fn revision_key(prefix: &str) -> String {
+    format!("{prefix}revision")
 }
 
 impl Etcd {
@@ -118,11 +148,15 @@ impl Etcd {
     /// cannot be read: a node that starts empty would answer NXDOMAIN for everything.
     pub async fn open(settings: Settings, registry: Arc<Registry>) -> anyhow::Result<Arc<Self>> {
         let client = connect(&settings.connection, &settings.prefix).await?;
+        let (writes, queue) = mpsc::unbounded_channel();
         let etcd = Arc::new(Self {
             client,
-            instances: format!("{}instances/", settings.prefix),
+            prefix: settings.prefix.clone(),
+            instances: instances_key(&settings.prefix),
+            revision_key: revision_key(&settings.prefix),
             leader_key: format!("{}leader", settings.prefix),
             alive_key: format!("{}alive_at", settings.prefix),
+            outage_key: format!("{}outage", settings.prefix),
             node_id: settings.node_id,
             registry,
             revisions: DashMap::new(),
@@ -130,41 +164,41 @@ impl Etcd {
             applying: Mutex::new(()),
             progress: Notify::new(),
             reachable: AtomicBool::new(true),
-            grace: settings.persist_interval.as_nanos() as i64,
+            suspected: Notify::new(),
+            writes,
             failures: AtomicU64::new(0),
             last_error: Mutex::new(None),
             shutdown: CancellationToken::new(),
             tasks: Mutex::new(Vec::new()),
             leader_lease: Mutex::new(None),
             members_prefix: format!("{}members/", settings.prefix),
+            seen_members: Mutex::new(BTreeSet::new()),
+            counted: AtomicBool::new(true),
             members: watch::Sender::new(Arc::from([])),
             member_lease: Mutex::new(None),
         });
-        // After every node was down, leases that ran out meanwhile are kept unserved until
-        // their registrants are heard from, as after a single node's restart, instead of
-        // being deleted at once (and every registrant getting 410). With other nodes
-        // running, the leader wrote this a moment ago and nothing is parked.
-        let alive = retrying(&etcd.client, |mut client| {
-            let key = etcd.alive_key.clone();
-            async move { client.get(key, None).await }
-        });
-        if let Ok(Ok(alive)) = tokio::time::timeout(CALL_TIMEOUT, alive).await
-            && let Some(at) = alive
-                .kvs()
-                .first()
-                .and_then(|kv| kv.value_str().ok()?.parse::<Nanos>().ok())
-        {
-            etcd.registry.blind_between(at, etcd.registry.now());
-        }
+        etcd.blind_while_no_node_ran(settings.reaper_interval).await;
         // Joined before serving, so that this node's share of the health checks is known
         // from its first moment; and before the load, so that the watch starts right after
         // the revision loaded (etcd delivers at once to a watch from its current revision,
         // and catches an older one up only every 100 ms).
-        let lease = tokio::time::timeout(Duration::from_secs(10), etcd.join())
+        let lease = match tokio::time::timeout(Duration::from_secs(10), etcd.join()).await {
+            Ok(Ok(lease)) => lease,
+            Ok(Err(e)) if e.is::<super::Refused>() => return Err(e),
+            Ok(Err(e)) => return Err(e.context("cannot join the live nodes in etcd")),
+            Err(_) => anyhow::bail!("cannot join the live nodes in etcd: etcd did not answer within 10s"),
+        };
+        // The revision key exists before the first load, so that every node's revision is
+        // a key's `mod_revision` from the start (and at least etcd's revision then, above
+        // what an older release showed).
+        let create = Txn::new()
+            .when([Compare::create_revision(etcd.revision_key.clone(), CompareOp::Equal, 0)])
+            .and_then([etcd.changed()]);
+        tokio::time::timeout(CALL_TIMEOUT, etcd.txn("revision key", create))
             .await
-            .map_err(|_| anyhow::anyhow!("etcd did not answer within 10s"))
+            .map_err(|_| anyhow::anyhow!("etcd did not answer within 2s"))
             .and_then(|r| r.map_err(anyhow::Error::from))
-            .context("cannot join the live nodes in etcd")?;
+            .context("cannot write the revision key to etcd")?;
         let members_revision = tokio::time::timeout(Duration::from_secs(10), etcd.load_members())
             .await
             .map_err(|_| anyhow::anyhow!("etcd did not answer within 10s"))
@@ -176,17 +210,56 @@ impl Etcd {
             .and_then(|r| r.map_err(anyhow::Error::from))
             .with_context(|| format!("cannot load the registry from etcd under {}", etcd.instances))?;
         info!(revision, instances = etcd.revisions.len(), node = %etcd.node_id, "registry loaded from etcd");
-        let renewals = etcd.registry.subscribe();
         let tasks = vec![
             tokio::spawn(etcd.clone().stay_member(lease)),
             tokio::spawn(etcd.clone().follow_members(members_revision)),
             tokio::spawn(etcd.clone().follow()),
-            tokio::spawn(etcd.clone().write_renewals(renewals, settings.persist_interval)),
+            tokio::spawn(etcd.clone().commit_writes(queue)),
             tokio::spawn(etcd.clone().probe()),
             tokio::spawn(etcd.clone().lead(settings.reaper_interval)),
         ];
         *etcd.tasks.lock() = tasks;
         Ok(etcd)
+    }
+
+    /// After every node was down, leases that ran out meanwhile are kept unserved until
+    /// their registrants are heard from (a heartbeat, a re-registration or the owner's
+    /// passing check), as after a single node's restart, instead of being deleted at once
+    /// (and every registrant getting 410). The expiry leader stamps `alive_at` every
+    /// `reaper_interval`: with other nodes running, it did a moment ago and nothing is
+    /// parked. The first node to start after a longer gap stores it as `outage`, so that
+    /// the nodes starting after it (which find `alive_at` fresh again) park the same
+    /// instances, and the owner's verdict confirms them on every node.
+    async fn blind_while_no_node_ran(&self, reaper_interval: Duration) {
+        let get = |key: String| async move {
+            let read = retrying(&self.client, |mut client| {
+                let key = key.clone();
+                async move { client.get(key, None).await }
+            });
+            match tokio::time::timeout(CALL_TIMEOUT, read).await {
+                Ok(Ok(answer)) => answer
+                    .kvs()
+                    .first()
+                    .and_then(|kv| kv.value_str().ok().map(str::to_owned)),
+                _ => None,
+            }
+        };
+        let now = self.registry.now();
+        if let Some(at) = get(self.alive_key.clone()).await.and_then(|v| v.parse::<Nanos>().ok()) {
+            self.registry.blind_between(at, now);
+            // Longer than a leader leaves it unstamped, failing over included: no node ran.
+            let quiet = reaper_interval + Duration::from_secs(leader::LEADER_TTL_S as u64 + 2);
+            if now.saturating_sub(at) > quiet.as_nanos() as Nanos {
+                let put = TxnOp::put(self.outage_key.clone(), format!("{at} {now}"), None);
+                let _ = self.txn("outage stamp", Txn::new().and_then([put])).await;
+            }
+        }
+        if let Some((from, to)) = get(self.outage_key.clone())
+            .await
+            .and_then(|v| Some((v.split_once(' ')?.0.parse().ok()?, v.split_once(' ')?.1.parse().ok()?)))
+        {
+            self.registry.blind_between(from, to);
+        }
     }
 
     pub(super) fn key(&self, id: &str) -> String {
@@ -222,7 +295,7 @@ impl Etcd {
         }
     }
 
-    /// Writes the pending renewals, gives up the leader key (another node takes over at
+    /// Gives up the leader key (another node takes over at
     /// once, not after its lease), leaves the live nodes and stops following.
     async fn close(&self) -> Result<(), String> {
         self.shutdown.cancel();
@@ -247,16 +320,13 @@ impl Backend for Etcd {
         Etcd::register(self, new).await
     }
 
-    /// Renewed in memory; the renewals are written in grouped transactions every
-    /// `--persist-interval` (see [`renewals`]). An error when etcd is unreachable: the
-    /// renewal could not reach the other nodes.
+    /// Answered once etcd holds the renewal (see [`group`]).
     async fn heartbeat(
         &self,
         id: &str,
         answer: &mut (dyn for<'i> FnMut(&'i Instance) + Send),
     ) -> Result<bool, StoreError> {
-        self.writable()?;
-        Ok(self.registry.heartbeat_with(id, |instance| answer(instance)).is_some())
+        Etcd::heartbeat(self, id, answer).await
     }
 
     async fn deregister(&self, id: &str) -> Result<bool, StoreError> {
