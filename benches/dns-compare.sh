@@ -24,10 +24,15 @@
 #                     --dns-rrl-rate RRL_RATE, measured in the same rounds: the cost of rate
 #                     limiting when no client is over the rate (dnsperf's one source must stay
 #                     under it: pick a rate well above the QPS, e.g. 1000000)
-#   PEERS="nsd knot"  which peers to run (subset allowed, or empty); add "hickory" for
-#                     hickory-server's own Server with a handler that does nothing
-#                     (benches/hickory_ceiling.rs): the framework's ceiling, not a peer
-#                     in the ratio, and not in the answer check
+#   FIXED_QPS=100000  when > 0, after the rounds at saturation, as many rounds with dnsperf
+#                     -Q FIXED_QPS (an offered load below saturation, where answers per
+#                     server core-second are steady); 0 = saturation only
+#   PEERS="nsd knot null"  which peers to run (subset allowed, or empty). "null" is a
+#                     responder that does nothing (benches/null_responder.rs: header and
+#                     question echoed, recvmmsg/sendmmsg in batches of 32): the floor of
+#                     serving a query here. "hickory" adds hickory-server's own Server with a
+#                     handler that does nothing (benches/hickory_ceiling.rs), the framework's
+#                     ceiling. Neither is in the "fastest peer" ratio or the answer check
 #   NSD_MINIMAL=no    NSD minimal-responses (no = NSD default: adds NS + glue)
 #   KODER_DNS_BIN     koder-dns binary (default: cargo build --release in the repo)
 #   SKIP_BUILD=1      do not run cargo build
@@ -53,7 +58,8 @@ OUTSTANDING="${OUTSTANDING:-200}"
 DNSPERF_THREADS="${DNSPERF_THREADS:-1}"
 DNSPERF_MODE="${DNSPERF_MODE:-udp}"
 DNSPERF_TIMEOUT="${DNSPERF_TIMEOUT:-2}"
-PEERS="${PEERS-nsd knot}"
+PEERS="${PEERS-nsd knot null}"
+FIXED_QPS="${FIXED_QPS:-100000}"
 export NSD_MINIMAL="${NSD_MINIMAL:-no}"
 DOMAIN=service.koder
 
@@ -74,8 +80,8 @@ SERVERS=(koder)
 [[ $RRL_RATE -gt 0 ]] && SERVERS+=(koderrrl)
 for p in $PEERS; do
     case "$p" in
-        nsd | knot | hickory) SERVERS+=("$p") ;;
-        *) die "unknown peer '$p' (nsd, knot, hickory)" ;;
+        nsd | knot | null | hickory) SERVERS+=("$p") ;;
+        *) die "unknown peer '$p' (nsd, knot, null, hickory)" ;;
     esac
 done
 
@@ -115,13 +121,18 @@ for p in $PEERS; do
             start_knot "${PORT[knot]}" "$IN/$DOMAIN.zone" "$DOMAIN"
             PID[knot]="$KNOT_PID"
             ;;
+        null)
+            start_example null-responder "${PORT[null]}"
+            PID[null]="$EXAMPLE_PID"
+            ;;
         hickory)
-            start_hickory_ceiling "${PORT[hickory]}"
-            PID[hickory]="$HICKORY_PID"
+            start_example hickory-ceiling "${PORT[hickory]}"
+            PID[hickory]="$EXAMPLE_PID"
             ;;
     esac
 done
 ANSWERING_PEERS="${PEERS//hickory/}"
+ANSWERING_PEERS="${ANSWERING_PEERS//null/}"
 
 # ---- same answers? (sorted answer + additional sections, TTLs dropped; the
 # ns.<domain> glue that NSD adds without minimal-responses is ignored)
@@ -151,13 +162,15 @@ done
 [[ $MISMATCH == 0 ]] && log "answer check: koder-dns returns the same records as: ${PORT[koderfill]:+koder-dns+fill }${ANSWERING_PEERS:-(no peers)}"
 
 # ---- dnsperf runs
-# run_dnsperf SERVER SECONDS OUTFILE  (also records server CPU ticks)
+# run_dnsperf SERVER SECONDS OUTFILE [QPS]  (also records server CPU ticks); QPS > 0 offers
+# that load (dnsperf -Q) instead of as much as the server takes
 run_dnsperf() {
-    local s="$1" secs="$2" out="$3" t0 t1 d0 d1
+    local s="$1" secs="$2" out="$3" qps="${4:-0}" t0 t1 d0 d1 limit=()
+    ((qps > 0)) && limit=(-Q "$qps")
     d0="$(udp_rcvbuf_errors)"
     t0="$(cpu_ticks "${PID[$s]}")"
     dnsperf -s "$BENCH_HOST" -p "${PORT[$s]}" -m "$DNSPERF_MODE" -d "$IN/queries.txt" \
-        -l "$secs" -c "$CLIENTS" -q "$OUTSTANDING" -T "$DNSPERF_THREADS" -t "$DNSPERF_TIMEOUT" >"$out" 2>&1 \
+        -l "$secs" -c "$CLIENTS" -q "$OUTSTANDING" -T "$DNSPERF_THREADS" -t "$DNSPERF_TIMEOUT" "${limit[@]}" >"$out" 2>&1 \
         || { cat "$out" >&2; die "dnsperf against $s failed"; }
     t1="$(cpu_ticks "${PID[$s]}")"
     d1="$(udp_rcvbuf_errors)"
@@ -180,22 +193,27 @@ TCK="$(clk_tck)"
 RESULTS="$BENCH_TMP/results.tsv"
 : >"$RESULTS"
 n=${#SERVERS[@]}
-for ((r = 1; r <= ROUNDS; r++)); do
-    for ((i = 0; i < n; i++)); do
-        s="${SERVERS[$(((i + r - 1) % n))]}"
-        out="$BENCH_TMP/dnsperf.$s.$r"
-        log "round $r/$ROUNDS: $s (${DURATION}s)"
-        run_dnsperf "$s" "$DURATION" "$out"
-        qps="$(field "$out" 'Queries per second:')"
-        lat="$(field "$out" 'Average Latency (s):')"
-        sent="$(field "$out" 'Queries sent:')"
-        lost="$(field "$out" 'Queries lost:')"
-        rsize="$(sed -n 's/.*response \([0-9]*\).*/\1/p' "$out" | head -n1)"
-        nx="$(sed -n 's/.*NXDOMAIN [0-9]* (\([0-9.]*\)%).*/\1/p' "$out" | head -n1)"
-        ticks="$(awk '/^server_cpu_ticks/ {print $2}' "$out")"
-        drops="$(awk '/^udp_rcvbuf_errors/ {print $2}' "$out")"
-        printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$r" "$qps" "$lat" "$sent" "$lost" \
-            "${rsize:-0}" "${nx:-0}" "$ticks" "$drops" >>"$RESULTS"
+LOADS=(0)
+((FIXED_QPS > 0)) && LOADS+=("$FIXED_QPS")
+for load in "${LOADS[@]}"; do
+    for ((r = 1; r <= ROUNDS; r++)); do
+        for ((i = 0; i < n; i++)); do
+            s="${SERVERS[$(((i + r - 1) % n))]}"
+            out="$BENCH_TMP/dnsperf.$s.$load.$r"
+            if ((load > 0)); then at="$load qps"; else at=saturation; fi
+            log "round $r/$ROUNDS at $at: $s (${DURATION}s)"
+            run_dnsperf "$s" "$DURATION" "$out" "$load"
+            qps="$(field "$out" 'Queries per second:')"
+            lat="$(field "$out" 'Average Latency (s):')"
+            sent="$(field "$out" 'Queries sent:')"
+            lost="$(field "$out" 'Queries lost:')"
+            rsize="$(sed -n 's/.*response \([0-9]*\).*/\1/p' "$out" | head -n1)"
+            nx="$(sed -n 's/.*NXDOMAIN [0-9]* (\([0-9.]*\)%).*/\1/p' "$out" | head -n1)"
+            ticks="$(awk '/^server_cpu_ticks/ {print $2}' "$out")"
+            drops="$(awk '/^udp_rcvbuf_errors/ {print $2}' "$out")"
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$load" "$s" "$r" "$qps" "$lat" "$sent" "$lost" \
+                "${rsize:-0}" "${nx:-0}" "$ticks" "$drops" >>"$RESULTS"
+        done
     done
 done
 
@@ -204,41 +222,62 @@ python3 - "$RESULTS" "$TCK" "$DURATION" <<'EOF'
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 tck, dur = float(sys.argv[2]), float(sys.argv[3])
-names = {"koder": "koder-dns", "koderfill": "koder+fill", "koderrrl": "koder+rrl", "nsd": "NSD", "knot": "Knot DNS", "hickory": "hickory*"}
+names = {"koder": "koder-dns", "koderfill": "koder+fill", "koderrrl": "koder+rrl", "nsd": "NSD", "knot": "Knot DNS",
+         "null": "null*", "hickory": "hickory*"}
 by = {}
-for s, r, qps, lat, sent, lost, rsize, nx, ticks, drops in rows:
-    by.setdefault(s, []).append(dict(qps=float(qps), lat=float(lat), sent=int(sent), lost=int(lost),
-                                     rsize=int(rsize), nx=float(nx), cpu=int(ticks) / tck, drops=int(drops)))
-hdr = f"{'server':<10} {'QPS per round':<28} {'median QPS':>10} {'avg lat ms':>10} {'loss %':>7} {'resp B':>6} {'NXD %':>6} {'srv cores':>9} {'us CPU/q':>8} {'rcvbuf drops':>12}"
-print()
-print(hdr)
-print("-" * len(hdr))
-med = {}
-for s in ["koder", "koderfill", "koderrrl", "nsd", "knot", "hickory"]:
-    if s not in by:
+for load, s, r, qps, lat, sent, lost, rsize, nx, ticks, drops in rows:
+    by.setdefault(int(load), {}).setdefault(s, []).append(dict(
+        qps=float(qps), lat=float(lat), sent=int(sent), lost=int(lost), rsize=int(rsize), nx=float(nx),
+        cpu=int(ticks) / tck, drops=int(drops)))
+for load, servers in sorted(by.items()):
+    print()
+    print("at saturation (as many queries as the server takes)" if load == 0 else
+          f"at a fixed offered load of {load} queries/s (dnsperf -Q)")
+    hdr = (f"{'server':<10} {'QPS per round':<28} {'median QPS':>10} {'avg lat ms':>10} {'loss %':>7} {'resp B':>6} "
+           f"{'NXD %':>6} {'srv cores':>9} {'us CPU/q':>8} {'answers/core-s':>14} {'rcvbuf drops':>12}")
+    print(hdr)
+    print("-" * len(hdr))
+    med, per_core = {}, {}
+    for s in ["koder", "koderfill", "koderrrl", "nsd", "knot", "null", "hickory"]:
+        if s not in servers:
+            continue
+        rs = servers[s]
+        med[s] = statistics.median(x["qps"] for x in rs)
+        # answers per second of the server's own CPU: the median of the rounds
+        per_core[s] = statistics.median((x["sent"] - x["lost"]) / x["cpu"] if x["cpu"] else 0 for x in rs)
+        lat = statistics.mean(x["lat"] for x in rs) * 1000
+        sent = sum(x["sent"] for x in rs)
+        loss = 100.0 * sum(x["lost"] for x in rs) / sent if sent else 0
+        cores = statistics.mean(x["cpu"] for x in rs) / dur
+        usq = 1e6 * sum(x["cpu"] for x in rs) / max(1, sum(x["sent"] - x["lost"] for x in rs))
+        per = " ".join(f"{x['qps']/1000:.1f}k" for x in rs)
+        print(f"{names[s]:<10} {per:<28} {med[s]:>10.0f} {lat:>10.3f} {loss:>7.2f} {rs[0]['rsize']:>6} "
+              f"{statistics.mean(x['nx'] for x in rs):>6.1f} {cores:>9.2f} {usq:>8.1f} {per_core[s]:>14.0f} "
+              f"{sum(x['drops'] for x in rs):>12}")
+    if "koder" not in med:
         continue
-    rs = by[s]
-    med[s] = statistics.median(x["qps"] for x in rs)
-    lat = statistics.mean(x["lat"] for x in rs) * 1000
-    sent = sum(x["sent"] for x in rs)
-    loss = 100.0 * sum(x["lost"] for x in rs) / sent if sent else 0
-    cores = statistics.mean(x["cpu"] for x in rs) / dur
-    usq = 1e6 * sum(x["cpu"] for x in rs) / max(1, sum(x["sent"] - x["lost"] for x in rs))
-    per = " ".join(f"{x['qps']/1000:.1f}k" for x in rs)
-    print(f"{names[s]:<10} {per:<28} {med[s]:>10.0f} {lat:>10.3f} {loss:>7.2f} {rs[0]['rsize']:>6} "
-          f"{statistics.mean(x['nx'] for x in rs):>6.1f} {cores:>9.2f} {usq:>8.1f} {sum(x['drops'] for x in rs):>12}")
-peers = {s: q for s, q in med.items() if s in ("nsd", "knot")}
+    peers = {s: q for s, q in med.items() if s in ("nsd", "knot")}
+    if peers:
+        best = max(peers, key=peers.get)
+        print(f"ratio koder-dns / fastest peer ({names[best]}): {med['koder'] / peers[best]:.2f} (median QPS)")
+        frugal = max(peers, key=per_core.get)
+        print(f"ratio koder-dns / most frugal peer ({names[frugal]}): {per_core['koder'] / per_core[frugal]:.2f}"
+              " (answers per server core-second)")
+    if "null" in med:
+        print(f"ratio koder-dns / null*: {med['koder'] / med['null']:.2f} (median QPS), "
+              f"{per_core['koder'] / per_core['null']:.2f} (answers per server core-second)")
+    if "koderfill" in med:
+        print(f"ratio koder-dns+fill / koder-dns: {med['koderfill'] / med['koder']:.2f} (median QPS)")
+    if "koderrrl" in med:
+        print(f"ratio koder-dns+rrl / koder-dns: {med['koderrrl'] / med['koder']:.2f} (median QPS), "
+              f"{per_core['koderrrl'] / per_core['koder']:.2f} (answers per server core-second);"
+              " rate limiting on, no client over the rate")
+    if "hickory" in med:
+        print(f"ratio koder-dns / hickory*: {med['koder'] / med['hickory']:.2f} (median QPS)")
 print()
-if peers and "koder" in med:
-    best = max(peers, key=peers.get)
-    print(f"ratio koder-dns / fastest peer ({names[best]}): {med['koder'] / peers[best]:.2f}  (median QPS)")
-if "koderfill" in med:
-    print(f"ratio koder-dns+fill / koder-dns: {med['koderfill'] / med['koder']:.2f}  (median QPS)")
-if "koderrrl" in med:
-    print(f"ratio koder-dns+rrl / koder-dns: {med['koderrrl'] / med['koder']:.2f}  (median QPS; rate limiting on, no client over the rate)")
-if "hickory" in med:
-    print(f"hickory* = hickory-server's Server with a handler that answers nothing (every query: empty NOERROR),"
-          f" the framework's ceiling; koder-dns / hickory*: {med['koder'] / med['hickory']:.2f}")
+print("null* = a responder that does nothing (benches/null_responder.rs: header and question echoed, no lookup,"
+      " recvmmsg/sendmmsg in batches of 32 over UDP, a thread per TCP connection); hickory* = hickory-server's"
+      " Server with a handler that answers nothing, the framework's ceiling")
 EOF
 echo
 echo "query mix: $QUERY_MIX over $((SERVICES * INSTANCES)) instances in $SERVICES services;" \
@@ -250,5 +289,5 @@ fi
 echo "servers: $THREADS worker threads each (koder-dns TOKIO_WORKER_THREADS and --dns-udp-workers, NSD server-count + reuseport," \
     "Knot udp/tcp-workers); NSD rrl off, minimal-responses $NSD_MINIMAL"
 echo "srv cores = server CPU time / run time; us CPU/q = server CPU per answered query;" \
-    "rcvbuf drops = UDP RcvbufErrors (whole machine) during the runs; resp B = dnsperf's average response size"
+    "answers/core-s = answered queries per second of server CPU (median of the rounds); rcvbuf drops = UDP RcvbufErrors (whole machine) during the runs; resp B = dnsperf's average response size"
 echo "$(machine_note); dnsperf takes the rest of the CPU, so QPS is what the server gets from the cores left to it"

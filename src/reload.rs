@@ -1,6 +1,6 @@
 //! Reloading what may change while the server runs, on SIGHUP (`systemctl reload`): the keys
 //! file, the config file's `api_keys`, the TLS certificate and key, the zones directory and
-//! the TSIG keys.
+//! the TSIG keys and the secrets of DNS cookies.
 //!
 //! A reload reads everything first and replaces nothing until all of it has been read: a
 //! missing file, one that does not parse, or a certificate and key that do not match leaves
@@ -28,7 +28,15 @@ use crate::dns::Authority;
 use crate::tls::{Credentials, ServerCert};
 
 /// The settings a reload takes, by their names in the config file.
-const RELOADED: &[&str] = &["keys_file", "api_keys", "tls_cert", "tls_key", "zones_dir", "tsig_key"];
+const RELOADED: &[&str] = &[
+    "keys_file",
+    "api_keys",
+    "tls_cert",
+    "tls_key",
+    "zones_dir",
+    "tsig_key",
+    "dns_cookie_secret_file",
+];
 
 /// The keys a config gives: its `api_keys` (or `KODER_DNS_API_KEY`) as admin keys named
 /// `api-key-1`, `api-key-2`, ..., then the keys file's. With neither an API key nor an admin
@@ -108,7 +116,7 @@ impl Reloader {
     /// nothing was replaced.
     pub async fn reload(&self) -> anyhow::Result<()> {
         let _one = self.one_at_a_time.lock().await;
-        info!("reloading: keys, TLS certificate, zones, TSIG keys");
+        info!("reloading: keys, TLS certificate, zones, TSIG keys, cookie secrets");
         let outcome = self.try_reload().await;
         let ok = outcome.is_ok();
         self.last_ok.store(ok, Ordering::Relaxed);
@@ -140,6 +148,21 @@ impl Reloader {
             Some(_) => credentials(&config)?,
             None => None,
         };
+        // Without a secrets file the secret is random and stays: a new one would refuse
+        // every cookie handed out so far.
+        let cookie_secrets = match &config.dns_cookie_secret_file {
+            Some(path) => Some(
+                crate::dns::cookie::Secrets::load(path)
+                    .map_err(|e| anyhow::anyhow!("--dns-cookie-secret-file: {e}"))?,
+            ),
+            None if self.started.dns_cookie_secret_file.is_some() => {
+                warn!(
+                    "dns_cookie_secret_file is gone from the settings; DNS cookies go on with the secrets in force until a restart"
+                );
+                None
+            }
+            None => None,
+        };
         let origin = self.authority.origin();
         let zones_dir = config.zones_dir.clone();
         let zones = tokio::task::spawn_blocking(move || crate::dns::zones::load(&zones_dir, &origin))
@@ -168,6 +191,9 @@ impl Reloader {
             cert.replace(credentials);
         }
         self.authority.replace_tsig_keys(config.tsig_key.clone());
+        if let Some(secrets) = cookie_secrets {
+            self.authority.replace_cookie_secrets(secrets);
+        }
         self.authority.replace_static_zones(zones).await;
         info!(keys, "reloaded");
         Ok(())

@@ -180,7 +180,7 @@ pub async fn start_from(config: Config, args: Option<ServeArgs>, clock: Arc<dyn 
         None => dns::cookie::Secrets::default(),
     };
     let wire = dns::WireSettings {
-        cookies,
+        cookies: arc_swap::ArcSwap::from_pointee(cookies),
         hide_version: config.dns_hide_version,
         rrl: dns::rrl::Settings {
             rate: config.dns_rrl_rate,

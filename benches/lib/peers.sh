@@ -1,6 +1,7 @@
 # shellcheck shell=bash
-# Peer authoritative servers (NSD, Knot DNS) for the DNS comparison, and hickory-server's
-# own Server with a no-op handler as the framework's ceiling.
+# Peer authoritative servers (NSD, Knot DNS) for the DNS comparison, and two references
+# built from this repository's examples: a responder that does nothing (null-responder) and
+# hickory-server's own Server with a no-op handler (hickory-ceiling).
 # Sourced after common.sh. Each daemon runs from its own config, pid file and
 # database under $BENCH_TMP, on 127.0.0.1 only; the packaged system services
 # are never used.
@@ -99,20 +100,22 @@ EOF
     wait_dns "$port" "$domain." 20 || { cat "$dir/stdout.log" >&2; die "Knot did not answer on :$port"; }
 }
 
-# start_hickory_ceiling PORT -> sets HICKORY_PID: hickory-server's own Server with a
-# handler that does no work (benches/hickory_ceiling.rs), THREADS sockets and workers.
-start_hickory_ceiling() {
-    local port="$1" dir="$BENCH_TMP/hickory" bin="$REPO_ROOT/target/release/examples/hickory-ceiling"
+# start_example NAME PORT -> sets EXAMPLE_PID: one of the repository's examples that serves DNS
+# as `NAME ADDR:PORT THREADS`, built in release unless SKIP_BUILD=1.
+start_example() {
+    local name="$1" port="$2" dir="$BENCH_TMP/$1" bin="$REPO_ROOT/target/release/examples/$1"
     mkdir -p "$dir"
     if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
-        log "cargo build --release --example hickory-ceiling"
-        (cd "$REPO_ROOT" && cargo build --release --quiet --example hickory-ceiling >&2) ||
-            die "cargo build --release --example hickory-ceiling failed"
+        log "cargo build --release --example $name"
+        (cd "$REPO_ROOT" && cargo build --release --quiet --example "$name" >&2) ||
+            die "cargo build --release --example $name failed"
     fi
-    [[ -x "$bin" ]] || die "no binary at $bin (cargo build --release --example hickory-ceiling)"
-    log "starting hickory-ceiling ($THREADS sockets and workers) on :$port"
+    [[ -x "$bin" ]] || die "no binary at $bin (cargo build --release --example $name)"
+    log "starting $name ($THREADS sockets and workers) on :$port"
     "$bin" "$BENCH_HOST:$port" "$THREADS" >"$dir/log" 2>&1 &
-    HICKORY_PID=$!
-    track_pid "$HICKORY_PID"
-    wait_dns "$port" "ceiling.example." 20 || { cat "$dir/log" >&2; die "hickory-ceiling did not answer on :$port"; }
+    EXAMPLE_PID=$!
+    track_pid "$EXAMPLE_PID"
+    wait_dns "$port" "ceiling.example." 20 || { cat "$dir/log" >&2; die "$name did not answer on :$port"; }
+}
+
 }

@@ -47,7 +47,7 @@ pub const MAX_UDP_PAYLOAD: u16 = 4096;
 pub const DEFAULT_UDP_MAX_PAYLOAD: u16 = 1232;
 
 /// What the wire of every response depends on, beside the zones.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct WireSettings {
     /// The largest UDP response we send and advertise (`--dns-udp-max-payload`).
     pub udp_max_payload: u16,
@@ -55,8 +55,10 @@ pub struct WireSettings {
     /// that an operator of several nodes can tell which one answered.
     pub identity: String,
     pub transfer: transfer::TransferSettings,
-    /// The secrets of server cookies (`--dns-cookie-secret-file`, else random).
-    pub cookies: cookie::Secrets,
+    /// The secrets of server cookies (`--dns-cookie-secret-file`, else random). A reload
+    /// swaps them ([`Authority::replace_cookie_secrets`]); a query that carries no cookie
+    /// never reads them.
+    pub cookies: ArcSwap<cookie::Secrets>,
     /// `--dns-hide-version`: `CH TXT version.bind.`/`version.server.` get REFUSED.
     pub hide_version: bool,
     /// Response rate limiting over UDP (`--dns-rrl-*`).
@@ -69,7 +71,7 @@ impl Default for WireSettings {
             udp_max_payload: DEFAULT_UDP_MAX_PAYLOAD,
             identity: host_name(),
             transfer: transfer::TransferSettings::default(),
-            cookies: cookie::Secrets::default(),
+            cookies: ArcSwap::from_pointee(cookie::Secrets::default()),
             hide_version: false,
             rrl: rrl::Settings::default(),
         }
@@ -179,6 +181,12 @@ impl Authority {
         self.0.tsig.store(Arc::new(keys));
     }
 
+    /// Makes server cookies with `secrets` from the next query on, and accepts only the
+    /// cookies they validate (the file's second secret keeps the old ones valid meanwhile).
+    pub fn replace_cookie_secrets(&self, secrets: cookie::Secrets) {
+        self.0.wire.cookies.store(Arc::new(secrets));
+    }
+
     /// The TSIG keys in force.
     fn tsig(&self) -> arc_swap::Guard<Arc<tsig::Keys>> {
         self.0.tsig.load()
@@ -206,7 +214,7 @@ impl Authority {
             Some(question) => question.edns.and_then(|e| e.cookie.flatten()),
             None => None,
         };
-        sent.is_some_and(|sent| self.0.wire.cookies.is_valid(&sent, ip, cookie::now()))
+        sent.is_some_and(|sent| self.0.wire.cookies.load().is_valid(&sent, ip, cookie::now()))
     }
 }
 
@@ -331,7 +339,7 @@ impl Authority {
             cookie: e
                 .cookie
                 .flatten()
-                .map(|sent| wire.cookies.reply(&sent, src.ip(), cookie::now()).0),
+                .map(|sent| wire.cookies.load().reply(&sent, src.ip(), cookie::now()).0),
         })
     }
 
@@ -344,7 +352,7 @@ impl Authority {
         };
         let cookie = request_cookie(edns);
         let reply = match &cookie {
-            Ok(Some(sent)) => Some(wire.cookies.reply(sent, ip, cookie::now()).0),
+            Ok(Some(sent)) => Some(wire.cookies.load().reply(sent, ip, cookie::now()).0),
             _ => None,
         };
         (Some(response_edns(edns, wire, reply)), cookie.is_err())
