@@ -13,7 +13,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, StatusCode};
 
 use super::error::ApiError;
-use crate::access::{Access, Key, Scope};
+use crate::access::{Access, Key, LastKey, Scope};
 
 pub const HEADER: &str = "x-api-key";
 
@@ -23,10 +23,14 @@ pub const PREFIX: &str = "/api/v1";
 /// The one `POST` a `read` key may send: it compares, it changes nothing.
 const DRIFT: &str = "/api/v1/services/drift";
 
-/// The client's address, put on each request by the accept loop ([`super::serve`]), for the
-/// log line of every accepted change.
-#[derive(Clone, Copy, Debug)]
-pub struct ClientAddr(pub SocketAddr);
+/// What the accept loop ([`super::serve`]) puts on each request of a connection: the
+/// client's address, for the log line of every accepted change, and the key the connection
+/// last presented ([`Access::identify_on`]).
+#[derive(Clone)]
+pub struct Connection {
+    pub client: SocketAddr,
+    pub last_key: Arc<LastKey>,
+}
 
 /// The key a request carries: in `X-API-Key`, or as `Authorization: Bearer <key>` for
 /// clients that can send no header of their own (Prometheus's `http_sd_configs`
@@ -40,9 +44,13 @@ fn presented(headers: &HeaderMap) -> Option<&[u8]> {
 }
 
 /// The key `headers` carry, or the 401 to answer. The message never repeats what was sent.
-pub fn identify(access: &Access, headers: &HeaderMap) -> Result<Arc<Key>, ApiError> {
+pub fn identify(access: &Access, headers: &HeaderMap, connection: Option<&Connection>) -> Result<Arc<Key>, ApiError> {
     match presented(headers) {
-        Some(token) => access.identify(token).ok_or_else(|| {
+        Some(token) => match connection {
+            Some(connection) => access.identify_on(token, &connection.last_key),
+            None => access.identify(token),
+        }
+        .ok_or_else(|| {
             ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -61,7 +69,7 @@ pub fn identify(access: &Access, headers: &HeaderMap) -> Result<Arc<Key>, ApiErr
 /// about the API is revealed; other paths need no key.
 pub fn check_path(access: &Access, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
     match path.strip_prefix(PREFIX) {
-        Some(rest) if rest.is_empty() || rest.starts_with('/') => identify(access, headers).map(drop),
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => identify(access, headers, None).map(drop),
         _ => Ok(()),
     }
 }
@@ -128,14 +136,15 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let key = identify(&Arc::<Access>::from_ref(state), &parts.headers)?;
+        let connection = parts.extensions.get::<Connection>();
+        let key = identify(&Arc::<Access>::from_ref(state), &parts.headers, connection)?;
         let reads = matches!(parts.method, Method::GET | Method::HEAD) || parts.uri.path() == DRIFT;
         if !reads && !key.writes() {
             return Err(forbidden(&key, format_args!("{} {}", parts.method, parts.uri.path())));
         }
         Ok(Authorized {
             key,
-            client: parts.extensions.get::<ClientAddr>().map(|c| c.0),
+            client: connection.map(|c| c.client),
         })
     }
 }

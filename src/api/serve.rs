@@ -9,7 +9,6 @@
 //! bring its own accept loop, without our bounds, beside this one.)
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +19,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::auth::ClientAddr;
+use super::auth::Connection;
 
 pub struct Limits {
     pub max_connections: usize,
@@ -53,7 +52,10 @@ pub async fn serve(
         |stream, client| {
             let service = WithClient {
                 router: router.clone(),
-                client,
+                connection: Connection {
+                    client,
+                    last_key: Default::default(),
+                },
             };
             let (shutdown, tls) = (shutdown.clone(), tls.clone());
             async move {
@@ -98,12 +100,11 @@ where
     }
 }
 
-/// The router, with the client's address put on each request ([`ClientAddr`]) for the log
-/// line of an accepted change.
+/// The router, with what is known of the connection put on each request ([`Connection`]).
 #[derive(Clone)]
 struct WithClient {
     router: Router,
-    client: SocketAddr,
+    connection: Connection,
 }
 
 impl hyper::service::Service<hyper::Request<Incoming>> for WithClient {
@@ -112,7 +113,7 @@ impl hyper::service::Service<hyper::Request<Incoming>> for WithClient {
     type Future = axum::routing::future::RouteFuture<Infallible>;
 
     fn call(&self, mut request: hyper::Request<Incoming>) -> Self::Future {
-        request.extensions_mut().insert(ClientAddr(self.client));
+        request.extensions_mut().insert(self.connection.clone());
         tower_service::Service::call(&mut self.router.clone(), request)
     }
 }
