@@ -117,5 +117,3 @@ start_example() {
     track_pid "$EXAMPLE_PID"
     wait_dns "$port" "ceiling.example." 20 || { cat "$dir/log" >&2; die "$name did not answer on :$port"; }
 }
-
-}
