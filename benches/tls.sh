@@ -17,6 +17,9 @@
 #   CLIENTS=8 OUTSTANDING=100   dnsperf -c (connections), -q
 #   TESTS="rest scope dns"      which comparisons to run
 #   THREADS=2                   TOKIO_WORKER_THREADS of koder-dns, unbound num-threads
+#   PIN=0                       1: servers on CPU 0, wrk and dnsperf on CPU 1 (taskset), so the
+#                               load tools' own TLS work does not take the server's CPU
+#                               (with PIN=1, THREADS=1 fits the one CPU)
 #   KODER_DNS_BIN, SKIP_BUILD=1, KEEP_TMP=1, KODER_DNS_LOG=warn
 set -euo pipefail
 
@@ -67,7 +70,7 @@ DOT_PORT="$(free_port)"
 log "starting koder-dns with TLS (https=$TLS_HTTP dot=$DOT_PORT dns=$TLS_DNS)"
 mkdir -p "$BENCH_TMP/tls/data" "$BENCH_TMP/tls/zones"
 KODER_DNS_API_KEY="$API_KEY" TOKIO_WORKER_THREADS="$THREADS" KODER_DNS_DNS_UDP_WORKERS="$THREADS" \
-    KODER_DNS_LOG="${KODER_DNS_LOG:-warn}" "$KODER_BIN" serve \
+    KODER_DNS_LOG="${KODER_DNS_LOG:-warn}" "${ON_SERVER[@]}" "$KODER_BIN" serve \
     --dns-listen "$BENCH_HOST:$TLS_DNS" --http-listen "$BENCH_HOST:$TLS_HTTP" --dot-listen "$BENCH_HOST:$DOT_PORT" \
     --tls-cert "$PKI/cert.pem" --tls-key "$PKI/key.pem" --keys-file "$PKI/keys.toml" \
     --data-dir "$BENCH_TMP/tls/data" --zones-dir "$BENCH_TMP/tls/zones" --max-instances 2000000 \
@@ -96,7 +99,7 @@ wrk_run() {
     t0="$(cpu_ticks "$pid")"
     BENCH_MODE="$mode" BENCH_KEY="$key" BENCH_THREADS="$WRK_THREADS" BENCH_RATE=0 BENCH_ROUND="$round$name" \
         BENCH_BODIES="$bodies" BENCH_LEASE_NS=3600000000000 \
-        wrk -t "$WRK_THREADS" -c "$CONNS" -d "${DURATION}s" --timeout 5s -s "$BENCH_LIB_DIR/rest.lua" "$url" >"$out" 2>&1 \
+        "${ON_LOAD[@]}" wrk -t "$WRK_THREADS" -c "$CONNS" -d "${DURATION}s" --timeout 5s -s "$BENCH_LIB_DIR/rest.lua" "$url" >"$out" 2>&1 \
         || { cat "$out" >&2; die "wrk $name failed"; }
     t1="$(cpu_ticks "$pid")"
     line="$(grep '^RESULT ' "$out")" || { cat "$out" >&2; die "no RESULT line from wrk $name"; }
@@ -109,7 +112,7 @@ dnsperf_run() {
     out="$BENCH_TMP/dnsperf.$name.$round"
     log "round $round/$ROUNDS: $name (dnsperf -m $mode)"
     t0="$(cpu_ticks "$pid")"
-    dnsperf -s "$BENCH_HOST" -p "$port" -m "$mode" -d "$IN/queries.txt" -l "$DURATION" \
+    "${ON_LOAD[@]}" dnsperf -s "$BENCH_HOST" -p "$port" -m "$mode" -d "$IN/queries.txt" -l "$DURATION" \
         -c "$CLIENTS" -q "$OUTSTANDING" -t 2 >"$out" 2>&1 || { cat "$out" >&2; die "dnsperf $name failed"; }
     t1="$(cpu_ticks "$pid")"
     qps="$(awk '/Queries per second:/ {print $4}' "$out")"
@@ -173,7 +176,7 @@ PY
         echo "    control-enable: no"
     } >"$UB/unbound.conf"
     unbound-checkconf "$UB/unbound.conf" >&2 || die "unbound rejects $UB/unbound.conf"
-    unbound -d -c "$UB/unbound.conf" >"$UB/stdout" 2>&1 &
+    "${ON_SERVER[@]}" unbound -d -c "$UB/unbound.conf" >"$UB/stdout" 2>&1 &
     UB_PID=$!
     track_pid "$UB_PID"
     wait_dns "$UB_PORT" svc000.service.koder 10 || die "unbound did not answer (see $UB/unbound.log)"
@@ -230,4 +233,7 @@ echo
 echo "wrk -t $WRK_THREADS -c $CONNS -d ${DURATION}s (keep-alive, so one handshake per connection); dnsperf -c $CLIENTS -q $OUTSTANDING;"
 echo "$ROUNDS rounds, the compared runs alternating within each; medians over the rounds."
 echo "koder-dns: TOKIO_WORKER_THREADS=$THREADS; unbound num-threads $THREADS, the same records as local data."
+if [[ "${PIN:-0}" == 1 ]]; then
+    echo "PIN=1: koder-dns and unbound on CPU 0, wrk and dnsperf on CPU 1 (taskset)"
+fi
 echo "$(machine_note)"

@@ -176,6 +176,17 @@ koder_bin() {
 
 # start_koder DNS_PORT HTTP_PORT [extra serve args...]
 # Runs in $BENCH_TMP/${KODER_NAME:-koder} (data, zones, log). Sets KODER_PID. Waits for /healthz.
+# PIN=1: the servers on CPU 0 and the load tools on CPU 1 (taskset), so that what a load
+# tool spends (the TLS of wrk and dnsperf, say) does not come out of the server's share of
+# the cores. Scripts prefix their servers with "${ON_SERVER[@]}" and load with "${ON_LOAD[@]}".
+if [[ "${PIN:-0}" == 1 ]]; then
+    ON_SERVER=(taskset -c 0)
+    ON_LOAD=(taskset -c 1)
+else
+    ON_SERVER=()
+    ON_LOAD=()
+fi
+
 start_koder() {
     local dport="$1" hport="$2"
     shift 2
@@ -185,7 +196,7 @@ start_koder() {
     mkdir -p "$dir/data" "$dir/zones"
     log "starting koder-dns (TOKIO_WORKER_THREADS=$THREADS) dns=$dport http=$hport"
     KODER_DNS_API_KEY="$API_KEY" TOKIO_WORKER_THREADS="$THREADS" KODER_DNS_DNS_UDP_WORKERS="$THREADS" KODER_DNS_LOG="${KODER_DNS_LOG:-warn}" \
-        "$KODER_BIN" serve \
+        "${ON_SERVER[@]}" "$KODER_BIN" serve \
         --dns-listen "$BENCH_HOST:$dport" \
         --http-listen "$BENCH_HOST:$hport" \
         --data-dir "$dir/data" \

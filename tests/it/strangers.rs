@@ -193,10 +193,12 @@ async fn udp_from(server: SocketAddr, from: IpAddr, message: &Message) -> Option
 
 /// A client cookie gets itself back with a 16-byte server cookie (version 1); the full
 /// cookie sent again gets the same server cookie back, on the prepared path (SRV, asked
-/// twice), the full path (the apex's NS) and a negative answer, over UDP and TCP.
+/// twice), the full path (the apex's NS), a negative answer and a static zone's answers,
+/// over UDP and TCP.
 #[tokio::test]
 async fn cookies_round_trip_on_every_path() {
-    let server = common::start().await;
+    let zones = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("zones");
+    let server = common::start_with(|c| c.zones_dir = zones).await;
     voice(&server).await;
     let client = [1, 2, 3, 4, 5, 6, 7, 8];
     for (name, rtype) in [
@@ -204,6 +206,9 @@ async fn cookies_round_trip_on_every_path() {
         (SRV, RecordType::SRV),
         ("service.koder.", RecordType::NS),
         ("nope.service.koder.", RecordType::A),
+        // A static zone, answered by hickory's handler.
+        ("www.koder.dev.", RecordType::A),
+        ("nope.koder.dev.", RecordType::A),
     ] {
         for tcp in [false, true] {
             let dns = server.dns();
