@@ -67,6 +67,28 @@ async fn open_etcd(_: &Config, _: &Arc<Registry>) -> anyhow::Result<Store> {
     anyhow::bail!("--store etcd: {}", crate::cluster::NO_ETCD)
 }
 
+/// With `--dnssec`, the signer of the service zone and its key (see [`crate::keystore`]): a
+/// node on etcd must be given the key (`--dnssec-key`), since every node signs with one.
+fn signer(config: &Config) -> anyhow::Result<Option<Arc<crate::sign::Signer>>> {
+    if !config.dnssec {
+        return Ok(None);
+    }
+    let source = crate::keystore::KeySource {
+        data_dir: config.data_dir.clone(),
+        key: config.dnssec_key.clone(),
+        publish: config.dnssec_publish_key.clone(),
+    };
+    let generate = config.store != crate::cluster::StoreKind::Etcd;
+    let key = crate::keystore::ZoneKey::load(&source, generate)?;
+    let zone = ZoneNames::new(&config.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
+    info!(key_tag = key.key_tag(), zone = %zone.origin, "signing the service zone (DNSSEC)");
+    Ok(Some(Arc::new(crate::sign::Signer::new(
+        key,
+        zone.origin,
+        config.dns_ttl.as_secs() as u32,
+    ))))
+}
+
 /// A started server.
 pub struct Running {
     pub dns_addr: SocketAddr,
@@ -158,6 +180,7 @@ pub async fn start_from(config: Config, args: Option<ServeArgs>, clock: Arc<dyn 
         default_check: config.default_check,
         zone,
     };
+    let signer = signer(&config).map_err(bad_setting)?;
     let registry = Arc::new(Registry::new(settings, clock));
     let health_events = registry.subscribe_lifecycle();
     let store = Arc::new(open_store(&config, &registry).await?);
@@ -174,6 +197,7 @@ pub async fn start_from(config: Config, args: Option<ServeArgs>, clock: Arc<dyn 
         dns_ttl: config.dns_ttl.as_secs() as u32,
         negative_ttl: config.negative_ttl.as_secs() as u32,
         ns_address: dns::ns_address(dns_addr),
+        signer,
     };
     let cookies = match &config.dns_cookie_secret_file {
         Some(path) => dns::cookie::Secrets::load(path).map_err(|e| anyhow::anyhow!("--dns-cookie-secret-file: {e}"))?,

@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 
 use super::answer::{ServiceRecords, ZoneAnswerer};
 use crate::registry::view::ServiceView;
+use crate::sign::chain::{self, Chain};
 
 /// The bounds of the journal.
 #[derive(Clone, Copy, Debug)]
@@ -41,11 +42,13 @@ pub struct Delta {
     bytes: usize,
 }
 
-/// A cut version, to send whole: its serial and its records (the apex's aside).
+/// A cut version, to send whole: its serial and its records (the apex's aside), and in a
+/// signed zone the apex's DNSKEY, its RRSIGs and the NSEC chain.
 pub struct Version {
     pub serial: u32,
     pub services: Vec<Arc<[Record]>>,
     pub addrs: Vec<Record>,
+    pub signed: Vec<Record>,
 }
 
 struct Service {
@@ -62,6 +65,20 @@ struct State {
     ips: HashMap<IpAddr, usize>,
     deltas: VecDeque<Arc<Delta>>,
     bytes: usize,
+    /// In a signed zone (see [`crate::sign::chain`]).
+    signed: Option<Signed>,
+}
+
+/// What a signed zone's transfer carries beside the records, as last sent, so that an
+/// IXFR deletes exactly what the secondary holds.
+struct Signed {
+    chain: Chain,
+    /// The apex's DNSKEY and the RRSIGs of its NS, DNSKEY and `ns.` address.
+    apex: Vec<Record>,
+    /// The RRSIG of the SOA of the last cut.
+    soa: Option<Record>,
+    /// Each `<hex>.addr` record's RRSIG.
+    addrs: HashMap<IpAddr, Record>,
 }
 
 pub struct Journal {
@@ -149,6 +166,35 @@ impl Journal {
             return serial;
         }
         let now = registry.now();
+        let signer = zone.signer.as_deref();
+        if let (Some(signer), None) = (signer, &state.signed) {
+            let names = registry.zone();
+            let mut chain = Chain::new(names.origin.clone(), zone.negative_ttl);
+            let mut apex = zone.apex_records();
+            apex.extend(signer.dnskey_records(&names.origin, super::answer::NS_TTL));
+            for (owner, mut types) in chain::owners(&apex) {
+                if owner == names.origin {
+                    types.push(hickory_proto::rr::RecordType::SOA);
+                }
+                chain.set(&owner, types);
+            }
+            let apex = signer
+                .with_rrsigs(apex, now)
+                .into_iter()
+                .filter(|r| {
+                    matches!(
+                        r.record_type(),
+                        hickory_proto::rr::RecordType::RRSIG | hickory_proto::rr::RecordType::DNSKEY
+                    )
+                })
+                .collect();
+            state.signed = Some(Signed {
+                chain,
+                apex,
+                soa: None,
+                addrs: HashMap::new(),
+            });
+        }
         let mut old = std::mem::take(&mut state.services);
         let mut deleted = Vec::new();
         let mut added = Vec::new();
@@ -173,8 +219,20 @@ impl Journal {
                 state.services.insert(name, kept);
                 continue;
             }
-            let ServiceRecords { records, ips } = zone.transfer_records(&name, &view, now);
+            let ServiceRecords { mut records, ips } = zone.transfer_records(&name, &view, now);
             let (old_records, old_ips) = previous.map_or((Arc::from([]), Vec::new()), |p| (p.records, p.ips));
+            if let (Some(signer), Some(signed)) = (signer, state.signed.as_mut()) {
+                let owners = chain::owners(&records);
+                for gone in chain::owners(&old_records).into_keys().filter(|o| !owners.contains_key(o)) {
+                    signed.chain.set(&gone, vec![]);
+                }
+                for (owner, types) in owners {
+                    signed.chain.set(&owner, types);
+                }
+                records = signer.with_rrsigs(records, now);
+                records.sort_unstable();
+                records.dedup();
+            }
             diff(&old_records, &records, &mut deleted, &mut added);
             for ip in &old_ips {
                 count(&mut state.ips, *ip, false);
@@ -192,6 +250,11 @@ impl Journal {
             );
         }
         for (_, gone) in old {
+            if let Some(signed) = state.signed.as_mut() {
+                for owner in chain::owners(&gone.records).into_keys() {
+                    signed.chain.set(&owner, vec![]);
+                }
+            }
             deleted.extend(gone.records.iter().cloned());
             for ip in &gone.ips {
                 count(&mut state.ips, *ip, false);
@@ -199,14 +262,39 @@ impl Journal {
         }
         for (ip, before) in moved {
             let after = state.ips.get(&ip).copied().unwrap_or(0);
+            let record = zone.addr_record(ip);
+            let signed = signer.zip(state.signed.as_mut());
             match (before, after) {
-                (0, 1..) => added.push(zone.addr_record(ip)),
-                (1.., 0) => deleted.push(zone.addr_record(ip)),
+                (0, 1..) => {
+                    if let Some((signer, signed)) = signed {
+                        signed.chain.set(&record.name, vec![record.record_type()]);
+                        if let Some(rrsig) = signer.rrsig(&[&record], now) {
+                            added.push(rrsig.clone());
+                            signed.addrs.insert(ip, rrsig);
+                        }
+                    }
+                    added.push(record);
+                }
+                (1.., 0) => {
+                    if let Some((_, signed)) = signed {
+                        signed.chain.set(&record.name, vec![]);
+                        deleted.extend(signed.addrs.remove(&ip));
+                    }
+                    deleted.push(record);
+                }
                 _ => {}
             }
             if after == 0 {
                 state.ips.remove(&ip);
             }
+        }
+        if let (Some(signer), Some(signed)) = (signer, state.signed.as_mut()) {
+            let (gone, new) = signed.chain.commit(signer, now);
+            deleted.extend(gone);
+            added.extend(new);
+            let soa = signer.rrsig(&[&zone.soa_at(serial)], now);
+            deleted.extend(std::mem::replace(&mut signed.soa, soa.clone()));
+            added.extend(soa);
         }
         if let Some(from) = state.revision {
             let bytes = deleted.iter().chain(&added).map(super::record_upper).sum();
@@ -234,9 +322,16 @@ impl Journal {
 fn whole(state: &State, zone: &ZoneAnswerer, serial: u32) -> Version {
     let mut ips: Vec<IpAddr> = state.ips.keys().copied().collect();
     ips.sort_unstable();
+    let signed = state.signed.as_ref().map_or_else(Vec::new, |signed| {
+        let addrs = ips.iter().filter_map(|ip| signed.addrs.get(ip)).cloned();
+        (signed.apex.iter().chain(&signed.soa).chain(signed.chain.records()).cloned())
+            .chain(addrs)
+            .collect()
+    });
     Version {
         serial,
         services: state.services.values().map(|s| s.records.clone()).collect(),
         addrs: ips.into_iter().map(|ip| zone.addr_record(ip)).collect(),
+        signed,
     }
 }
