@@ -253,15 +253,15 @@ impl Signer {
         let records = self.denial_records(&Name::from(owner), types, ttl, now);
         let mut bytes = Vec::new();
         for record in &records {
-            let mut encoder = BinEncoder::new(&mut bytes);
-            encoder.set_name_encoding(NameEncoding::Uncompressed);
             let mut pointed = record.clone();
             pointed.name = Name::root();
-            let start = encoder.offset();
+            let mut one = Vec::new();
+            let mut encoder = BinEncoder::new(&mut one);
+            encoder.set_name_encoding(NameEncoding::Uncompressed);
             pointed.emit(&mut encoder).ok()?;
-            drop(encoder);
             // The root owner (one zero byte) becomes a pointer to the question's name.
-            bytes.splice(start..start + 1, [0xc0, 12]);
+            bytes.extend_from_slice(&[0xc0, 12]);
+            bytes.extend_from_slice(&one[1..]);
         }
         let bytes: Arc<[u8]> = bytes.into();
         if self.denials.len() >= CACHE_MAX {
