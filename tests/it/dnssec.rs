@@ -208,9 +208,9 @@ async fn every_do_reply_verifies_with_the_zones_dnskey() {
     );
     let questions = proptest::collection::vec((0..names.len() + 2, 0usize..9, any::<bool>()), 1..12);
     let mut runner = TestRunner::new(Config::with_cases(12));
-    let mut round = 0u32;
+    let round = std::sync::atomic::AtomicU32::new(0);
     let outcome = runner.run(&(registry, questions), |(instances, questions)| {
-        round += 1;
+        let round = round.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         tokio::task::block_in_place(|| {
             handle.block_on(async {
                 for (i, (name, address, protocol, port)) in instances.iter().enumerate() {
@@ -298,7 +298,7 @@ async fn compact_denial_is_one_nsec_at_the_name_with_nxname_or_the_present_types
         let types = nsec_types(&reply);
         assert!(types.contains(&RecordType::Unknown(128)), "{types:?}");
         assert!(!types.contains(&RecordType::A), "{types:?}");
-        let co = reply.extensions().as_ref().map(|e| e.flags().z & 0x4000 != 0);
+        let co = reply.edns.as_ref().map(|e| e.flags().z & 0x4000 != 0);
         assert_eq!(co, Some(compact), "CO echoed with DO");
     }
     // NODATA: the types present, not the asked one.
@@ -467,7 +467,7 @@ async fn unbound_and_delv_validate_answers_denials_and_changes() {
         &bind_keys,
         format!(
             "trust-anchors {{ service.koder. static-key {} {} {} \"{}\"; }};\n",
-            fields[4], fields[5], fields[6], fields[7]
+            fields[3], fields[4], fields[5], fields[6]
         ),
     )
     .unwrap();
