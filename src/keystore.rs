@@ -133,7 +133,12 @@ impl ZoneKey {
             .dnskey
             .to_digest(zone, DigestType::SHA256)
             .map_err(|e| anyhow::anyhow!("DS digest: {e}"))?;
-        Ok(DS::new(self.key_tag, ALGORITHM, DigestType::SHA256, digest.as_ref().to_vec()))
+        Ok(DS::new(
+            self.key_tag,
+            ALGORITHM,
+            DigestType::SHA256,
+            digest.as_ref().to_vec(),
+        ))
     }
 }
 
@@ -208,7 +213,10 @@ mod tests {
         };
         assert!(ZoneKey::load(&source, false).is_err(), "no key and no generation");
         let first = ZoneKey::load(&source, true).unwrap();
-        let mode = std::fs::metadata(generated_path(dir.path())).unwrap().permissions().mode();
+        let mode = std::fs::metadata(generated_path(dir.path()))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         let again = ZoneKey::load(&source, false).unwrap();
         assert_eq!(first.dnskey(), again.dnskey(), "the kept key, not a new one");
@@ -219,7 +227,11 @@ mod tests {
     fn a_key_that_is_not_pkcs8_p256_is_refused_without_showing_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("k.pem");
-        std::fs::write(&path, "-----BEGIN PRIVATE KEY-----\nc2VjcmV0LXNlY3JldA==\n-----END PRIVATE KEY-----\n").unwrap();
+        std::fs::write(
+            &path,
+            "-----BEGIN PRIVATE KEY-----\nc2VjcmV0LXNlY3JldA==\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
         let source = KeySource {
             data_dir: dir.path().to_owned(),
             key: Some(path),

@@ -223,7 +223,10 @@ impl Journal {
             let (old_records, old_ips) = previous.map_or((Arc::from([]), Vec::new()), |p| (p.records, p.ips));
             if let (Some(signer), Some(signed)) = (signer, state.signed.as_mut()) {
                 let owners = chain::owners(&records);
-                for gone in chain::owners(&old_records).into_keys().filter(|o| !owners.contains_key(o)) {
+                for gone in chain::owners(&old_records)
+                    .into_keys()
+                    .filter(|o| !owners.contains_key(o))
+                {
                     signed.chain.set(&gone, vec![]);
                 }
                 for (owner, types) in owners {
@@ -324,9 +327,14 @@ fn whole(state: &State, zone: &ZoneAnswerer, serial: u32) -> Version {
     ips.sort_unstable();
     let signed = state.signed.as_ref().map_or_else(Vec::new, |signed| {
         let addrs = ips.iter().filter_map(|ip| signed.addrs.get(ip)).cloned();
-        (signed.apex.iter().chain(&signed.soa).chain(signed.chain.records()).cloned())
-            .chain(addrs)
-            .collect()
+        (signed
+            .apex
+            .iter()
+            .chain(&signed.soa)
+            .chain(signed.chain.records())
+            .cloned())
+        .chain(addrs)
+        .collect()
     });
     Version {
         serial,

@@ -101,7 +101,10 @@ impl Chain {
             let nsec = Record::from_rdata(
                 name.clone(),
                 self.ttl,
-                RData::DNSSEC(DNSSECRData::NSEC(NSEC::new_cover_self(next, link.types.iter().copied()))),
+                RData::DNSSEC(DNSSECRData::NSEC(NSEC::new_cover_self(
+                    next,
+                    link.types.iter().copied(),
+                ))),
             );
             if link.signed.first() == Some(&nsec) {
                 continue;

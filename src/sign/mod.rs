@@ -20,7 +20,6 @@
 
 pub mod chain;
 
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -238,7 +237,13 @@ impl Signer {
 
     /// [`Self::denial_records`] encoded, both owners a pointer to the question (offset 12),
     /// so the bytes follow any question of that name; made once per name and types, kept.
-    pub fn denial_bytes(&self, owner: &LowerName, types: Option<&[RecordType]>, ttl: u32, now: Nanos) -> Option<Arc<[u8]>> {
+    pub fn denial_bytes(
+        &self,
+        owner: &LowerName,
+        types: Option<&[RecordType]>,
+        ttl: u32,
+        now: Nanos,
+    ) -> Option<Arc<[u8]>> {
         let codes: Vec<u16> = match types {
             Some(types) => types.iter().map(|t| u16::from(*t)).collect(),
             None => vec![u16::from(NXNAME)],

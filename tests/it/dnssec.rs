@@ -114,13 +114,24 @@ fn assert_verifies(reply: &Message, key: &DNSKEY, what: &str) {
             if first.record_type() == RecordType::OPT || !zone.zone_of(&LowerName::new(&first.name)) {
                 continue;
             }
-            assert!(!sigs.is_empty(), "{what}: {} {} unsigned:\n{reply}", first.name, first.record_type());
+            assert!(
+                !sigs.is_empty(),
+                "{what}: {} {} unsigned:\n{reply}",
+                first.name,
+                first.record_type()
+            );
             for sig in sigs {
                 let RData::DNSSEC(DNSSECRData::RRSIG(rrsig)) = &sig.data else {
                     unreachable!()
                 };
                 key.verify_rrsig(&first.name, first.dns_class, rrsig, set.iter().copied())
-                    .unwrap_or_else(|e| panic!("{what}: {} {} does not verify: {e}\n{reply}", first.name, first.record_type()));
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "{what}: {} {} does not verify: {e}\n{reply}",
+                            first.name,
+                            first.record_type()
+                        )
+                    });
             }
         }
     }
@@ -221,8 +232,10 @@ async fn every_do_reply_verifies_with_the_zones_dnskey() {
                         _ => format!("{}.service.koder", names[(i + 1) % names.len()]),
                     };
                     server
-                        .register(json!({"name": names[*name], "id": format!("{round}-{i}"), "address": address,
-                            "port": port, "protocol": protocol, "metadata": {"round": round.to_string()}}))
+                        .register(
+                            json!({"name": names[*name], "id": format!("{round}-{i}"), "address": address,
+                            "port": port, "protocol": protocol, "metadata": {"round": round.to_string()}}),
+                        )
                         .await;
                 }
                 for (name, kind, compact) in questions {
@@ -245,7 +258,10 @@ async fn every_do_reply_verifies_with_the_zones_dnskey() {
                     let reply = common::tcp_query(server.dns(), &do_query(&qname, rtype, compact)).await;
                     let what = format!("{qname} {rtype} compact {compact}");
                     assert!(
-                        matches!(reply.metadata.response_code, ResponseCode::NoError | ResponseCode::NXDomain),
+                        matches!(
+                            reply.metadata.response_code,
+                            ResponseCode::NoError | ResponseCode::NXDomain
+                        ),
                         "{what}: {reply}"
                     );
                     if reply.metadata.response_code == ResponseCode::NXDomain {
@@ -293,7 +309,11 @@ async fn compact_denial_is_one_nsec_at_the_name_with_nxname_or_the_present_types
     // A name that does not exist: NOERROR with NXNAME, or NXDOMAIN when CO is set.
     for compact in [false, true] {
         let reply = common::udp_query(server.dns(), &do_query("nosuch.service.koder.", RecordType::A, compact)).await;
-        let code = if compact { ResponseCode::NXDomain } else { ResponseCode::NoError };
+        let code = if compact {
+            ResponseCode::NXDomain
+        } else {
+            ResponseCode::NoError
+        };
         assert_eq!(reply.metadata.response_code, code, "{reply}");
         let types = nsec_types(&reply);
         assert!(types.contains(&RecordType::Unknown(128)), "{types:?}");
@@ -422,18 +442,32 @@ async fn unbound_and_delv_validate_answers_denials_and_changes() {
     ] {
         let out = dig(unbound.addr, &ask(vec![rtype, name])).await;
         assert_eq!(out.status, "NOERROR", "{rtype} {name}: {}\n{}", out.raw, unbound.log());
-        assert!(validated(&out), "{rtype} {name} validated: {}\n{}", out.raw, unbound.log());
+        assert!(
+            validated(&out),
+            "{rtype} {name} validated: {}\n{}",
+            out.raw,
+            unbound.log()
+        );
         assert!(!Dig::of_type(&out.answer, rtype).is_empty(), "{}", out.raw);
     }
     // Denials: a name that does not exist, and a type the name does not have.
-    for (rtype, name) in [("A", "nosuch.service.koder"), ("AAAA", "voice.service.koder"), ("SRV", "_x._udp.service.koder")] {
+    for (rtype, name) in [
+        ("A", "nosuch.service.koder"),
+        ("AAAA", "voice.service.koder"),
+        ("SRV", "_x._udp.service.koder"),
+    ] {
         let out = dig(unbound.addr, &ask(vec![rtype, name])).await;
         assert!(
             matches!(out.status.as_str(), "NOERROR" | "NXDOMAIN") && out.answer.is_empty(),
             "{rtype} {name}: {}",
             out.raw
         );
-        assert!(validated(&out), "{rtype} {name} denial validated: {}\n{}", out.raw, unbound.log());
+        assert!(
+            validated(&out),
+            "{rtype} {name} denial validated: {}\n{}",
+            out.raw,
+            unbound.log()
+        );
     }
     let bad = dig(unbound.addr, &ask(vec!["SRV", "_voice._tcp.bad.koder"])).await;
     assert_eq!(bad.status, "SERVFAIL", "signed with another key: {}", bad.raw);
@@ -446,18 +480,37 @@ async fn unbound_and_delv_validate_answers_denials_and_changes() {
         .register(json!({"name": "late", "id": "l1", "address": "10.0.0.9", "port": 9}))
         .await;
     let registered = Instant::now();
-    let late = dig_until(unbound.addr, &ask(vec!["SRV", "_late._tcp.service.koder"]), Duration::from_secs(3), |out| {
-        !out.answer.is_empty()
-    })
+    let late = dig_until(
+        unbound.addr,
+        &ask(vec!["SRV", "_late._tcp.service.koder"]),
+        Duration::from_secs(3),
+        |out| !out.answer.is_empty(),
+    )
     .await;
-    assert!(validated(&late) && !Dig::of_type(&late.answer, "SRV").is_empty(), "{}", late.raw);
-    assert!(registered.elapsed() < Duration::from_millis(2500), "{:?}", registered.elapsed());
+    assert!(
+        validated(&late) && !Dig::of_type(&late.answer, "SRV").is_empty(),
+        "{}",
+        late.raw
+    );
+    assert!(
+        registered.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        registered.elapsed()
+    );
     server.deregister("v1").await;
-    let gone = dig_until(unbound.addr, &ask(vec!["SRV", "_voice._tcp.service.koder"]), Duration::from_secs(3), |out| {
-        out.answer.is_empty()
-    })
+    let gone = dig_until(
+        unbound.addr,
+        &ask(vec!["SRV", "_voice._tcp.service.koder"]),
+        Duration::from_secs(3),
+        |out| out.answer.is_empty(),
+    )
     .await;
-    assert!(gone.answer.is_empty() && validated(&gone), "deregistered: {}\n{}", gone.raw, unbound.log());
+    assert!(
+        gone.answer.is_empty() && validated(&gone),
+        "deregistered: {}\n{}",
+        gone.raw,
+        unbound.log()
+    );
 
     // delv, BIND's validating lookup tool, straight at koder-dns with the zone's key.
     let key = dnssec_tool("dnskey", &["--data-dir", data_dir(&server).to_str().unwrap()]);
@@ -481,7 +534,11 @@ async fn unbound_and_delv_validate_answers_denials_and_changes() {
             .output()
             .await
             .expect("run delv");
-        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
         assert!(text.contains("fully validated"), "delv {rtype} {name}:\n{text}");
     }
 }
