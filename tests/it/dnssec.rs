@@ -542,3 +542,96 @@ async fn unbound_and_delv_validate_answers_denials_and_changes() {
         assert!(text.contains("fully validated"), "delv {rtype} {name}:\n{text}");
     }
 }
+
+/// `ldns-verify-zone` on the zone as `dig AXFR` gets it from `server`: every signature, the
+/// NSEC chain complete.
+async fn verify_transferred_zone(server: SocketAddr, dir: &Path, name: &str) {
+    let axfr = dig(server, &["+nocmd", "+nostats", "+time=5", "AXFR", "service.koder"]).await;
+    let records: Vec<String> = axfr
+        .raw
+        .lines()
+        .filter(|l| !l.starts_with(';') && !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        records.iter().any(|l| l.contains("NSEC")),
+        "{name}: a signed zone:\n{}",
+        axfr.raw
+    );
+    let path = dir.join(format!("{name}.zone"));
+    std::fs::write(&path, records.join("\n") + "\n").unwrap();
+    let output = std::process::Command::new(tool("ldns-verify-zone", "ldnsutils"))
+        .arg(&path)
+        .output()
+        .expect("run ldns-verify-zone");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success(),
+        "{name}: ldns-verify-zone:\n{text}\n{}",
+        axfr.raw
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs knotd, nsd, unbound, dig and ldns-verify-zone (installed by tests/run.sh)"]
+async fn knot_and_nsd_serve_the_transferred_signed_zone_that_unbound_validates() {
+    use crate::tools::free_port;
+    use crate::transfer::{Kind, Signing, primary_settings, start_secondary};
+    let (knot_port, nsd_port) = (free_port(), free_port());
+    let server = signed(|c| {
+        primary_settings(c, SocketAddr::from(([127, 0, 0, 1], knot_port)), Signing::Unsigned);
+        c.notify.push(SocketAddr::from(([127, 0, 0, 1], nsd_port)));
+    })
+    .await;
+    for i in 1..=3 {
+        server
+            .register(json!({"name": format!("svc{i}"), "address": format!("10.0.0.{i}"), "port": 5060}))
+            .await;
+    }
+    server
+        .register(json!({"name": "web", "address": "2001:db8::5", "port": 443}))
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    verify_transferred_zone(server.dns(), dir.path(), "primary").await;
+    let secondaries = [
+        start_secondary(Kind::Knot, knot_port, server.dns(), Signing::Unsigned),
+        start_secondary(Kind::Nsd, nsd_port, server.dns(), Signing::Unsigned),
+    ];
+    let serial = server.serial().await;
+    for secondary in &secondaries {
+        secondary.until_serial(serial, Duration::from_secs(10)).await;
+    }
+    // A registration between two names and a deregistration: NOTIFY and IXFR carry the
+    // changed records, their RRSIGs and the NSECs around them.
+    server
+        .register(json!({"name": "svc2b", "id": "new", "address": "10.0.0.7", "port": 7}))
+        .await;
+    server.deregister("svc3-10.0.0.3-5060").await;
+    let serial = server.serial().await;
+    let anchors = anchors(dir.path(), &data_dir(&server), &["service.koder"]);
+    for (secondary, name) in secondaries.iter().zip(["knot", "nsd"]) {
+        secondary.until_serial(serial, Duration::from_secs(10)).await;
+        verify_transferred_zone(secondary.addr, dir.path(), name).await;
+        let stub = format!("    stub-addr: {}@{}\n", secondary.addr.ip(), secondary.addr.port());
+        let unbound = start_validating_unbound(&stub, &anchors, "").await;
+        for (rtype, qname) in [
+            ("SRV", "_svc2b._tcp.service.koder"),
+            ("AAAA", "web.service.koder"),
+            ("A", "svc3.service.koder"),
+            ("TXT", "nosuch.service.koder"),
+        ] {
+            let out = dig(unbound.addr, &["+dnssec", rtype, qname]).await;
+            assert!(
+                out.has_flag("ad"),
+                "{name} {rtype} {qname}: {}\n{}\n{}",
+                out.raw,
+                unbound.log(),
+                secondary.log()
+            );
+        }
+    }
+}
