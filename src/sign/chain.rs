@@ -134,3 +134,84 @@ pub fn owners(records: &[Record]) -> BTreeMap<Name, Vec<RecordType>> {
     }
     owners
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keystore::{KeySource, ZoneKey};
+    use std::str::FromStr;
+
+    fn signer() -> (Signer, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let source = KeySource {
+            data_dir: dir.path().to_owned(),
+            key: None,
+            publish: None,
+        };
+        let key = ZoneKey::load(&source, true).unwrap();
+        (Signer::new(key, Name::from_str("service.koder.").unwrap(), 5), dir)
+    }
+
+    fn name(label: &str) -> Name {
+        Name::from_str(&format!("{label}.service.koder.")).unwrap()
+    }
+
+    fn srv_set(i: usize) -> Vec<Record> {
+        let owner = name(&format!("_s{i}._tcp"));
+        let target = name(&format!("{i:08x}.addr"));
+        vec![Record::from_rdata(
+            owner,
+            5,
+            RData::SRV(hickory_proto::rr::rdata::SRV::new(10, 100, 80, target)),
+        )]
+    }
+
+    /// With 2,000 names signed, a new one signs its own RRset, its NSEC and its
+    /// predecessor's NSEC: three signatures. RRsets that did not change sign nothing, even
+    /// when their answers are built again with a lower TTL.
+    #[test]
+    fn a_new_name_signs_its_rrset_its_nsec_and_its_neighbours_only() {
+        let (signer, _dir) = signer();
+        let now = 1_800_000_000 * crate::model::clock::SECOND;
+        let mut chain = Chain::new(Name::from_str("service.koder.").unwrap(), 5);
+        chain.set(
+            &Name::from_str("service.koder.").unwrap(),
+            vec![RecordType::SOA, RecordType::NS],
+        );
+        for i in (0..4000).step_by(2) {
+            let set = srv_set(i);
+            signer.with_rrsigs(set.clone(), now);
+            chain.set(&set[0].name, vec![RecordType::SRV]);
+        }
+        let (deleted, added) = chain.commit(&signer, now);
+        assert!(deleted.is_empty());
+        assert_eq!(added.len(), 2 * 2001, "an NSEC and its RRSIG per name");
+        let before = signer.signatures_made();
+
+        let set = srv_set(1001);
+        let signed = signer.with_rrsigs(set.clone(), now);
+        assert_eq!(signed.len(), 2, "the SRV and its RRSIG");
+        chain.set(&set[0].name, vec![RecordType::SRV]);
+        let (deleted, added) = chain.commit(&signer, now);
+        assert_eq!(
+            signer.signatures_made() - before,
+            3,
+            "the RRset, its NSEC, its predecessor's NSEC"
+        );
+        assert_eq!(deleted.len(), 2, "the predecessor's NSEC and RRSIG as sent before");
+        assert_eq!(added.len(), 4);
+
+        // Unchanged RRsets, built again (a lower TTL as a lease runs out): no signature.
+        let mut again = srv_set(1002);
+        again[0].ttl = 2;
+        let before = signer.signatures_made();
+        let signed = signer.with_rrsigs(again, now + crate::model::clock::SECOND);
+        assert_eq!(signer.signatures_made(), before);
+        assert_eq!(signed[1].ttl, 2, "the RRSIG takes the TTL served");
+
+        // The name goes: its NSEC and RRSIG are deleted, its predecessor re-signed.
+        chain.set(&set[0].name, vec![]);
+        let (deleted, added) = chain.commit(&signer, now);
+        assert_eq!((deleted.len(), added.len()), (4, 2));
+    }
+}
