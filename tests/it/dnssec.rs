@@ -393,6 +393,75 @@ fn anchors(dir: &Path, data: &Path, zones: &[&str]) -> PathBuf {
     path
 }
 
+/// The trust-anchor file of `server`'s zone alone.
+fn anchors_of(server: &TestServer, dir: &Path) -> PathBuf {
+    let dir = dir.join("service.koder");
+    std::fs::create_dir_all(&dir).unwrap();
+    anchors(&dir, &data_dir(server), &["service.koder"])
+}
+
+/// Knot Resolver (`kresd`), validating, forwarding the service zone to `koder`.
+struct Kresd {
+    child: tokio::process::Child,
+    addr: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Kresd {
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Kresd {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+async fn start_kresd(koder: SocketAddr, anchors: &Path) -> Kresd {
+    let dir = tempfile::tempdir().unwrap();
+    let port = crate::tools::free_port();
+    let config = dir.path().join("config");
+    std::fs::write(
+        &config,
+        format!(
+            "net.listen('127.0.0.1', {port}, {{ kind = 'dns' }})\n\
+             trust_anchors.add_file('{}', true)\n\
+             policy.add(policy.suffix(policy.FORWARD({{'{}@{}'}}), {{todname('service.koder.')}}))\n",
+            anchors.display(),
+            koder.ip(),
+            koder.port()
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.path().join("log")).unwrap();
+    let child = tokio::process::Command::new(tool("kresd", "knot-resolver"))
+        .arg("-n")
+        .arg("-c")
+        .arg(&config)
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start kresd");
+    let kresd = Kresd {
+        child,
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        dir,
+    };
+    dig_until(
+        kresd.addr,
+        &["+time=1", "SOA", "service.koder"],
+        Duration::from_secs(5),
+        |out| !out.status.is_empty(),
+    )
+    .await;
+    kresd
+}
+
 /// Asks `resolver` until `check` holds or `within` has passed; returns the last answer.
 async fn dig_until(resolver: SocketAddr, args: &[&str], within: Duration, check: impl Fn(&Dig) -> bool) -> Dig {
     let deadline = Instant::now() + within;
@@ -511,6 +580,18 @@ async fn unbound_and_delv_validate_answers_denials_and_changes() {
         gone.raw,
         unbound.log()
     );
+
+    // Knot Resolver, forwarding the zone to koder-dns with its trust anchor.
+    let kresd = start_kresd(server.dns(), &anchors_of(&server, dir.path())).await;
+    for (rtype, name) in [
+        ("SRV", "_late._tcp.service.koder"),
+        ("TXT", "late.service.koder"),
+        ("A", "nosuch.service.koder"),
+        ("AAAA", "late.service.koder"),
+    ] {
+        let out = dig(kresd.addr, &ask(vec![rtype, name])).await;
+        assert!(validated(&out), "kresd {rtype} {name}: {}\n{}", out.raw, kresd.log());
+    }
 
     // delv, BIND's validating lookup tool, straight at koder-dns with the zone's key.
     let key = dnssec_tool("dnskey", &["--data-dir", data_dir(&server).to_str().unwrap()]);
