@@ -89,6 +89,39 @@ fn signer(config: &Config) -> anyhow::Result<Option<Arc<crate::sign::Signer>>> {
     ))))
 }
 
+/// How often a signed zone checks whether the signatures its secondaries hold are due to be
+/// made again: a day before they expire, so hourly is ample.
+const SIGNATURE_CHECK: Duration = Duration::from_secs(3600);
+
+async fn refresh_once(authority: &Authority, store: &Store) -> bool {
+    if !authority.signatures_due() {
+        return false;
+    }
+    match store.touch().await {
+        Ok(()) => {
+            info!("signatures sent to secondaries are a day from expiring: a new serial carries new ones");
+            true
+        }
+        Err(e) => {
+            warn!(error = %e, "could not move the revision to refresh the secondaries' signatures; trying again later");
+            false
+        }
+    }
+}
+
+/// See [`Running::refresh_signatures`].
+async fn refresh_signatures(authority: Authority, store: Arc<Store>, shutdown: CancellationToken) {
+    let mut every = tokio::time::interval(SIGNATURE_CHECK);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = every.tick() => {
+                refresh_once(&authority, &store).await;
+            }
+        }
+    }
+}
+
 /// A started server.
 pub struct Running {
     pub dns_addr: SocketAddr,
@@ -97,6 +130,7 @@ pub struct Running {
     pub dot_addr: Option<SocketAddr>,
     pub registry: Arc<Registry>,
     store: Arc<Store>,
+    authority: Authority,
     reloader: Arc<Reloader>,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
@@ -117,6 +151,13 @@ impl Running {
     /// [`crate::reload`]). An error, logged too, when nothing was changed.
     pub async fn reload(&self) -> anyhow::Result<()> {
         self.reloader.reload().await
+    }
+
+    /// In a signed zone, moves the revision when signatures sent to secondaries are to be
+    /// made again, so that the next transfer carries new ones; true when it did. The server
+    /// does it every [`SIGNATURE_CHECK`]; tests on a manual clock call it.
+    pub async fn refresh_signatures(&self) -> bool {
+        refresh_once(&self.authority, &self.store).await
     }
 
     /// Stops accepting and answers held blocking queries at once; [`Self::shutdown`] then
@@ -258,7 +299,7 @@ pub async fn start_from(config: Config, args: Option<ServeArgs>, clock: Arc<dyn 
     }
     tasks.push(tokio::spawn(dns::tcp::serve(
         tcp,
-        authority,
+        authority.clone(),
         dns_limits(),
         None,
         shutdown.clone(),
@@ -338,6 +379,13 @@ pub async fn start_from(config: Config, args: Option<ServeArgs>, clock: Arc<dyn 
         health,
         shutdown.clone(),
     )));
+    if config.dnssec {
+        tasks.push(tokio::spawn(refresh_signatures(
+            authority.clone(),
+            store.clone(),
+            shutdown.clone(),
+        )));
+    }
 
     let dot = dot_addr.map(|a| a.to_string()).unwrap_or_else(|| "off".into());
     info!(dns = %dns_addr, http = %http_addr, https = cert.is_some(), dot = %dot, zone = %registry.zone().origin,
@@ -348,6 +396,7 @@ pub async fn start_from(config: Config, args: Option<ServeArgs>, clock: Arc<dyn 
         dot_addr,
         registry,
         store,
+        authority,
         reloader,
         shutdown,
         tasks,

@@ -15,7 +15,7 @@ use crate::registry::lease::{Lease, NEVER};
 use crate::registry::view::{Member, ServiceView};
 use crate::sign::Signer;
 use crate::zone::prepared::{Asked, Prepared};
-use crate::zone::records::{ZoneNames, address_rdata, parse_addr_label};
+use crate::zone::records::{NS_TTL, ZoneNames, address_rdata, parse_addr_label};
 
 /// The outcome of a lookup in the service zone.
 #[derive(Debug, PartialEq)]
@@ -46,10 +46,6 @@ pub struct ZoneAnswerer {
     /// With `--dnssec`: what signs the answers to DO queries, once per RRset.
     pub signer: Option<Arc<Signer>>,
 }
-
-/// TTL of records that do not churn: NS, the address of `ns.`, and `<hex>.addr` addresses
-/// (in answers and additional sections alike).
-pub const NS_TTL: u32 = 3600;
 
 /// RFC 8482: one small synthesised record instead of every RRset at the name.
 fn minimal_any(owner: &Name) -> Answer {

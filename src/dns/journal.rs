@@ -21,8 +21,9 @@ use hickory_proto::rr::Record;
 use parking_lot::Mutex;
 
 use super::answer::{ServiceRecords, ZoneAnswerer};
+use crate::model::clock::Nanos;
 use crate::registry::view::ServiceView;
-use crate::sign::chain::{self, Chain};
+use crate::sign::transfer::SignedZone;
 
 /// The bounds of the journal.
 #[derive(Clone, Copy, Debug)]
@@ -65,20 +66,8 @@ struct State {
     ips: HashMap<IpAddr, usize>,
     deltas: VecDeque<Arc<Delta>>,
     bytes: usize,
-    /// In a signed zone (see [`crate::sign::chain`]).
-    signed: Option<Signed>,
-}
-
-/// What a signed zone's transfer carries beside the records, as last sent, so that an
-/// IXFR deletes exactly what the secondary holds.
-struct Signed {
-    chain: Chain,
-    /// The apex's DNSKEY and the RRSIGs of its NS, DNSKEY and `ns.` address.
-    apex: Vec<Record>,
-    /// The RRSIG of the SOA of the last cut.
-    soa: Option<Record>,
-    /// Each `<hex>.addr` record's RRSIG.
-    addrs: HashMap<IpAddr, Record>,
+    /// In a signed zone: its DNSKEY, RRSIGs and NSEC chain as last sent.
+    signed: Option<SignedZone>,
 }
 
 pub struct Journal {
@@ -135,6 +124,16 @@ impl Journal {
         }
     }
 
+    /// Whether signatures sent to secondaries are to be made again by `now`: then a new
+    /// revision (`Store::touch`) makes the next transfer carry them.
+    pub fn signatures_due(&self, now: Nanos) -> bool {
+        self.state
+            .lock()
+            .signed
+            .as_ref()
+            .is_some_and(|signed| signed.refresh_due(now))
+    }
+
     /// Cuts a version at the registry's current revision (if it moved since the last cut)
     /// and answers a secondary at `serial`, or one that wants the whole zone (`None`).
     pub fn since(&self, zone: &ZoneAnswerer, serial: Option<u32>) -> Since {
@@ -168,33 +167,17 @@ impl Journal {
         let now = registry.now();
         let signer = zone.signer.as_deref();
         if let (Some(signer), None) = (signer, &state.signed) {
-            let names = registry.zone();
-            let mut chain = Chain::new(names.origin.clone(), zone.negative_ttl);
-            let mut apex = zone.apex_records();
-            apex.extend(signer.dnskey_records(&names.origin, super::answer::NS_TTL));
-            for (owner, mut types) in chain::owners(&apex) {
-                if owner == names.origin {
-                    types.push(hickory_proto::rr::RecordType::SOA);
-                }
-                chain.set(&owner, types);
-            }
-            let apex = signer
-                .with_rrsigs(apex, now)
-                .into_iter()
-                .filter(|r| {
-                    matches!(
-                        r.record_type(),
-                        hickory_proto::rr::RecordType::RRSIG | hickory_proto::rr::RecordType::DNSKEY
-                    )
-                })
-                .collect();
-            state.signed = Some(Signed {
-                chain,
-                apex,
-                soa: None,
-                addrs: HashMap::new(),
-            });
+            let origin = &registry.zone().origin;
+            state.signed = Some(SignedZone::new(
+                signer,
+                origin,
+                zone.apex_records(),
+                zone.negative_ttl,
+                now,
+            ));
         }
+        // A refresh builds again every service whose signatures are getting old.
+        let refresh = state.signed.as_mut().is_some_and(|signed| signed.begin(now));
         let mut old = std::mem::take(&mut state.services);
         let mut deleted = Vec::new();
         let mut added = Vec::new();
@@ -210,7 +193,12 @@ impl Journal {
         };
         for (name, view) in views {
             let previous = old.remove(&name);
-            if let Some(previous) = previous.as_ref().filter(|p| Arc::ptr_eq(&p.view, &view)) {
+            let unchanged =
+                |p: &&Service| Arc::ptr_eq(&p.view, &view) && (!refresh || SignedZone::fresh(&p.records, now));
+            if let Some(previous) = previous.as_ref().filter(unchanged) {
+                if let Some(signed) = state.signed.as_mut().filter(|_| refresh) {
+                    signed.kept(&previous.records);
+                }
                 let kept = Service {
                     view,
                     records: previous.records.clone(),
@@ -222,19 +210,7 @@ impl Journal {
             let ServiceRecords { mut records, ips } = zone.transfer_records(&name, &view, now);
             let (old_records, old_ips) = previous.map_or((Arc::from([]), Vec::new()), |p| (p.records, p.ips));
             if let (Some(signer), Some(signed)) = (signer, state.signed.as_mut()) {
-                let owners = chain::owners(&records);
-                for gone in chain::owners(&old_records)
-                    .into_keys()
-                    .filter(|o| !owners.contains_key(o))
-                {
-                    signed.chain.set(&gone, vec![]);
-                }
-                for (owner, types) in owners {
-                    signed.chain.set(&owner, types);
-                }
-                records = signer.with_rrsigs(records, now);
-                records.sort_unstable();
-                records.dedup();
+                records = signed.service(signer, &old_records, records, now);
             }
             diff(&old_records, &records, &mut deleted, &mut added);
             for ip in &old_ips {
@@ -254,9 +230,7 @@ impl Journal {
         }
         for (_, gone) in old {
             if let Some(signed) = state.signed.as_mut() {
-                for owner in chain::owners(&gone.records).into_keys() {
-                    signed.chain.set(&owner, vec![]);
-                }
+                signed.service_gone(&gone.records);
             }
             deleted.extend(gone.records.iter().cloned());
             for ip in &gone.ips {
@@ -270,18 +244,13 @@ impl Journal {
             match (before, after) {
                 (0, 1..) => {
                     if let Some((signer, signed)) = signed {
-                        signed.chain.set(&record.name, vec![record.record_type()]);
-                        if let Some(rrsig) = signer.rrsig(&[&record], now) {
-                            added.push(rrsig.clone());
-                            signed.addrs.insert(ip, rrsig);
-                        }
+                        added.extend(signed.addr_added(signer, ip, &record, now));
                     }
                     added.push(record);
                 }
                 (1.., 0) => {
                     if let Some((_, signed)) = signed {
-                        signed.chain.set(&record.name, vec![]);
-                        deleted.extend(signed.addrs.remove(&ip));
+                        deleted.extend(signed.addr_removed(ip, &record));
                     }
                     deleted.push(record);
                 }
@@ -292,12 +261,9 @@ impl Journal {
             }
         }
         if let (Some(signer), Some(signed)) = (signer, state.signed.as_mut()) {
-            let (gone, new) = signed.chain.commit(signer, now);
+            let (gone, new) = signed.finish(signer, &zone.soa_at(serial), refresh, |ip| zone.addr_record(ip), now);
             deleted.extend(gone);
             added.extend(new);
-            let soa = signer.rrsig(&[&zone.soa_at(serial)], now);
-            deleted.extend(std::mem::replace(&mut signed.soa, soa.clone()));
-            added.extend(soa);
         }
         if let Some(from) = state.revision {
             let bytes = deleted.iter().chain(&added).map(super::record_upper).sum();
@@ -325,17 +291,10 @@ impl Journal {
 fn whole(state: &State, zone: &ZoneAnswerer, serial: u32) -> Version {
     let mut ips: Vec<IpAddr> = state.ips.keys().copied().collect();
     ips.sort_unstable();
-    let signed = state.signed.as_ref().map_or_else(Vec::new, |signed| {
-        let addrs = ips.iter().filter_map(|ip| signed.addrs.get(ip)).cloned();
-        (signed
-            .apex
-            .iter()
-            .chain(&signed.soa)
-            .chain(signed.chain.records())
-            .cloned())
-        .chain(addrs)
-        .collect()
-    });
+    let signed = state
+        .signed
+        .as_ref()
+        .map_or_else(Vec::new, |signed| signed.records(&ips).cloned().collect());
     Version {
         serial,
         services: state.services.values().map(|s| s.records.clone()).collect(),

@@ -197,6 +197,12 @@ impl Authority {
         self.0.tsig.load()
     }
 
+    /// Whether the signatures secondaries were sent are to be made again (see
+    /// [`journal::Journal::signatures_due`]).
+    pub fn signatures_due(&self) -> bool {
+        self.0.journal.signatures_due(self.0.zone.registry.now())
+    }
+
     /// The service zone's SOA as of now, for NOTIFY.
     pub fn soa(&self) -> Record {
         self.0.zone.soa()

@@ -106,7 +106,7 @@ impl Chain {
                     link.types.iter().copied(),
                 ))),
             );
-            if link.signed.first() == Some(&nsec) {
+            if link.signed.first() == Some(&nsec) && super::transfer::refresh_due(&link.signed) > now {
                 continue;
             }
             let rrsig = signer.rrsig(&[&nsec], now);
@@ -115,6 +115,16 @@ impl Chain {
             added.extend(signed);
         }
         (deleted, added)
+    }
+
+    /// Marks the names whose NSEC signature is to be made again by `now`, for the next
+    /// [`Self::commit`].
+    pub fn refresh(&mut self, now: Nanos) {
+        for (name, link) in &self.links {
+            if super::transfer::refresh_due(&link.signed) <= now {
+                self.touched.insert(name.clone());
+            }
+        }
     }
 
     /// Every signed NSEC of the chain, in order.

@@ -19,6 +19,7 @@
 //!   chain, kept incrementally as names come and go.
 
 pub mod chain;
+pub mod transfer;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -156,9 +157,16 @@ impl Signer {
         let rtype = first.record_type();
         let key = content_key(&first.name, rtype, original_ttl, rrset)?;
         let now_s = unix_seconds(now);
-        let rrsig = match self.kept.get(&key) {
-            Some(kept) if now_s < kept.refresh_at => kept.rrsig.clone(),
-            _ => {
+        // The map's guard is dropped before any insert below: DashMap's shard lock is not
+        // reentrant.
+        let fresh = self
+            .kept
+            .get(&key)
+            .filter(|kept| now_s < kept.refresh_at)
+            .map(|kept| kept.rrsig.clone());
+        let rrsig = match fresh {
+            Some(rrsig) => rrsig,
+            None => {
                 let input = SigInput {
                     type_covered: rtype,
                     algorithm: ALGORITHM,
@@ -250,10 +258,13 @@ impl Signer {
         };
         let key = (owner.to_bytes().ok()?, codes);
         let now_s = unix_seconds(now);
-        if let Some(kept) = self.denials.get(&key)
-            && now_s < kept.refresh_at
-        {
-            return Some(kept.bytes.clone());
+        let fresh = self
+            .denials
+            .get(&key)
+            .filter(|kept| now_s < kept.refresh_at)
+            .map(|kept| kept.bytes.clone());
+        if fresh.is_some() {
+            return fresh;
         }
         let records = self.denial_records(&Name::from(owner), types, ttl, now);
         let mut bytes = Vec::new();

@@ -379,6 +379,67 @@ async fn an_etcd_node_without_a_given_key_refuses_to_start() {
     assert!(stderr.contains("--dnssec-key"), "{stderr}");
 }
 
+/// The inception (Unix seconds) of every RRSIG in `messages`' answers.
+fn inceptions(messages: &[Message]) -> Vec<u32> {
+    messages
+        .iter()
+        .flat_map(|m| &m.answers)
+        .filter_map(|r| match &r.data {
+            RData::DNSSEC(DNSSECRData::RRSIG(sig)) => Some(sig.input().sig_inception.get()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Six days on (a day before a week's signatures expire), the server moves the serial and
+/// the next IXFR carries every signature made again; before that, nothing moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signatures_sent_to_secondaries_are_made_again_a_day_before_they_expire() {
+    use crate::transfer::{transfer, transfer_request};
+    let (server, clock) = common::start_manual(|c| {
+        c.dnssec = true;
+        c.allow_transfer = vec!["127.0.0.0/8".parse().unwrap()];
+        c.default_ttl = Duration::ZERO;
+    })
+    .await;
+    for i in 1..=3 {
+        server
+            .register(json!({"name": format!("svc{i}"), "address": format!("10.0.0.{i}"), "port": 80}))
+            .await;
+    }
+    let whole = transfer(server.dns(), &transfer_request(RecordType::AXFR, None)).await;
+    let before = inceptions(&whole);
+    let first = server.serial().await;
+    assert!(before.len() > 20, "RRSIGs in the transfer: {before:?}");
+    clock.advance(Duration::from_secs(5 * 86_400));
+    assert!(
+        !server.running.refresh_signatures().await,
+        "five days on: nothing to do"
+    );
+    assert_eq!(server.serial().await, first);
+    clock.advance(Duration::from_secs(86_400));
+    assert!(server.running.refresh_signatures().await, "six days on: made again");
+    let serial = server.serial().await;
+    assert!(serial > first);
+    let ixfr = transfer(server.dns(), &transfer_request(RecordType::IXFR, Some(first))).await;
+    let renewed = inceptions(&ixfr);
+    let old = *before.iter().max().unwrap();
+    // Each old signature deleted, a new one added, each new one six days younger.
+    assert_eq!(
+        renewed.iter().filter(|&&i| i <= old).count(),
+        before.len(),
+        "{renewed:?}"
+    );
+    assert_eq!(
+        renewed.iter().filter(|&&i| i >= old + 6 * 86_400).count(),
+        before.len(),
+        "{renewed:?}"
+    );
+    assert!(!server.running.refresh_signatures().await, "nothing old is left");
+    let again = inceptions(&transfer(server.dns(), &transfer_request(RecordType::AXFR, None)).await);
+    assert!(again.iter().all(|&i| i >= old + 6 * 86_400), "{again:?}");
+}
+
 // ---------------------------------------------------------------------------------------
 // real validators
 
