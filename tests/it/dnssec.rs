@@ -440,6 +440,24 @@ async fn signatures_sent_to_secondaries_are_made_again_a_day_before_they_expire(
     assert!(again.iter().all(|&i| i >= old + 6 * 86_400), "{again:?}");
 }
 
+/// Static zones are served as their files give them, and a file with RRSIG or NSEC records
+/// cannot be read by hickory's parser: the start stops, naming the file and saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pre_signed_static_zone_file_is_refused_at_start_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("signed.test.zone"),
+        "$TTL 60\n@ IN SOA ns hostmaster 1 3600 600 86400 60\n@ IN NS ns\nns IN A 192.0.2.1\n\
+         ns IN NSEC signed.test. A RRSIG NSEC\n",
+    )
+    .unwrap();
+    let message = crate::dns::start_error(dir.path().to_path_buf()).await;
+    assert!(
+        message.contains("signed.test.zone") && message.contains("pre-signed") && message.contains("NSD or Knot"),
+        "{message}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // real validators
 
