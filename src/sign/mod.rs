@@ -68,7 +68,9 @@ pub struct Signer {
     origin_lower: LowerName,
     /// The TTL of records whose served TTL shrinks with leases: their original TTL.
     dns_ttl: u32,
-    kept: DashMap<Vec<u8>, Kept>,
+    /// By the SHA-256 of the RRset's canonical content ([`content_key`]): the content of
+    /// a 100-instance TXT RRset is kilobytes, its digest 32 bytes.
+    kept: DashMap<[u8; 32], Kept>,
     denials: DashMap<(Vec<u8>, Vec<u16>), KeptDenial>,
     /// Signatures made, for tests and metrics: what "signs only what changed" counts.
     made: AtomicU64,
@@ -87,9 +89,9 @@ fn unix_seconds(now: Nanos) -> i64 {
     now.div_euclid(SECOND)
 }
 
-/// The canonical content of an RRset (RFC 4034 §6.2, §6.3): owner in lower case, type,
-/// original TTL, then the RDATA of each record in canonical form, sorted.
-fn content_key(owner: &Name, rtype: RecordType, original_ttl: u32, records: &[&Record]) -> Option<Vec<u8>> {
+/// The SHA-256 of an RRset's canonical content (RFC 4034 §6.2, §6.3): owner in lower case,
+/// type, original TTL, then the RDATA of each record in canonical form, sorted.
+fn content_key(owner: &Name, rtype: RecordType, original_ttl: u32, records: &[&Record]) -> Option<[u8; 32]> {
     let mut rdatas = Vec::with_capacity(records.len());
     for record in records {
         let mut bytes = Vec::new();
@@ -108,7 +110,10 @@ fn content_key(owner: &Name, rtype: RecordType, original_ttl: u32, records: &[&R
         key.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
         key.extend_from_slice(&rdata);
     }
-    Some(key)
+    ring::digest::digest(&ring::digest::SHA256, &key)
+        .as_ref()
+        .try_into()
+        .ok()
 }
 
 impl Signer {
