@@ -21,7 +21,7 @@ use crate::common::{self, TestServer};
 use crate::tools::{Dig, dig, start_validating_unbound, tool};
 
 /// `koder-dns dnssec <what> <args>`: its stdout; panics unless it exits 0.
-fn dnssec_tool(what: &str, args: &[&str]) -> String {
+pub(crate) fn dnssec_tool(what: &str, args: &[&str]) -> String {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_koder-dns"))
         .arg("dnssec")
         .arg(what)
@@ -55,7 +55,7 @@ fn data_dir(server: &TestServer) -> PathBuf {
 }
 
 /// A query with DO (and CO when `compact`), EDNS buffer 1232.
-fn do_query(name: &str, rtype: RecordType, compact: bool) -> Message {
+pub(crate) fn do_query(name: &str, rtype: RecordType, compact: bool) -> Message {
     let mut message = common::query_message(name, rtype, Some(1232));
     let mut edns = Edns::new();
     edns.set_max_payload(1232).set_dnssec_ok(true);
@@ -67,7 +67,7 @@ fn do_query(name: &str, rtype: RecordType, compact: bool) -> Message {
 }
 
 /// The zone's DNSKEYs, asked of the server itself.
-async fn dnskeys(server: SocketAddr) -> Vec<DNSKEY> {
+pub(crate) async fn dnskeys(server: SocketAddr) -> Vec<DNSKEY> {
     let reply = common::udp_query(server, &do_query("service.koder.", RecordType::DNSKEY, false)).await;
     reply
         .answers
@@ -104,7 +104,7 @@ fn rrsets(section: &[Record]) -> Vec<(Vec<&Record>, Vec<&Record>)> {
 
 /// Asserts that every RRset of the zone in `reply` (answer, authority, and additional
 /// records inside the zone) carries an RRSIG that verifies with `key`.
-fn assert_verifies(reply: &Message, key: &DNSKEY, what: &str) {
+pub(crate) fn assert_verifies(reply: &Message, key: &DNSKEY, what: &str) {
     let zone = LowerName::from(hickory_proto::rr::Name::from_ascii("service.koder.").unwrap());
     for section in [&reply.answers, &reply.authorities, &reply.additionals] {
         for (set, sigs) in rrsets(section) {
