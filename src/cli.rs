@@ -645,10 +645,7 @@ fn dnssec_key(args: &DnssecArgs) -> anyhow::Result<(hickory_proto::rr::Name, cra
     let key = match &args.dnssec_key {
         Some(_) => key?,
         None => key.map_err(|e| {
-            e.context(format!(
-                "no DNSSEC key in {}: start `koder-dns serve --dnssec` once with this --data-dir, or give --dnssec-key",
-                args.data_dir.join("dnssec").display()
-            ))
+            e.context("start `koder-dns serve --dnssec` once with this --data-dir, or give --dnssec-key")
         })?,
     };
     Ok((zone.origin, key))

@@ -59,7 +59,7 @@ impl std::fmt::Debug for ZoneKey {
 impl ZoneKey {
     /// The key `source` names, generating `<data-dir>/dnssec/zone-key.pem` (mode 0600) if
     /// there is no `--dnssec-key` and no key was generated before; `generate` false refuses
-    /// that instead (a node sharing etcd must be given the key every node signs with).
+    /// that instead (the `dnssec` tools only read a key).
     pub fn load(source: &KeySource, generate: bool) -> anyhow::Result<Self> {
         let signing = match &source.key {
             Some(path) => read_key(path)?,
@@ -67,11 +67,7 @@ impl ZoneKey {
                 let path = generated_path(&source.data_dir);
                 if !path.exists() {
                     if !generate {
-                        bail!(
-                            "--dnssec with --store etcd needs --dnssec-key: every node must sign with the same \
-                             key, which one node cannot generate for the others (make one with `koder-dns dnssec \
-                             keygen --out FILE` and give it to every node)"
-                        );
+                        bail!("no DNSSEC key at {} and none given with --dnssec-key", path.display());
                     }
                     write_new_key(&path)?;
                     tracing::info!(path = %path.display(), "generated the zone's DNSSEC key");

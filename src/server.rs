@@ -78,8 +78,14 @@ fn signer(config: &Config) -> anyhow::Result<Option<Arc<crate::sign::Signer>>> {
         key: config.dnssec_key.clone(),
         publish: config.dnssec_publish_key.clone(),
     };
-    let generate = config.store != crate::cluster::StoreKind::Etcd;
-    let key = crate::keystore::ZoneKey::load(&source, generate)?;
+    if config.store == crate::cluster::StoreKind::Etcd && config.dnssec_key.is_none() {
+        anyhow::bail!(
+            "--dnssec with --store etcd needs --dnssec-key: every node must sign with the same key, which \
+             one node cannot generate for the others (make one with `koder-dns dnssec keygen --out FILE` \
+             and give it to every node)"
+        );
+    }
+    let key = crate::keystore::ZoneKey::load(&source, true)?;
     let zone = ZoneNames::new(&config.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
     info!(key_tag = key.key_tag(), zone = %zone.origin, "signing the service zone (DNSSEC)");
     Ok(Some(Arc::new(crate::sign::Signer::new(
