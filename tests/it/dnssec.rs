@@ -371,6 +371,50 @@ async fn the_key_survives_restarts_and_a_given_key_is_used_as_given() {
     assert!(ds.starts_with(&format!("service.koder. IN DS {tag} 13 2 ")), "{ds}");
 }
 
+/// A rollover's first step: a second key is published beside the signing key, which alone
+/// signs; `dnssec dnskey` prints both for trust anchors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_key_is_in_the_dnskey_set_and_the_signing_key_alone_signs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = (dir.path().join("old.pem"), dir.path().join("new.pem"));
+    for key in [&old, &new] {
+        dnssec_tool("keygen", &["--out", key.to_str().unwrap()]);
+    }
+    let (old_path, new_path) = (old.clone(), new.clone());
+    let server = signed(move |c| {
+        c.dnssec_key = Some(old_path);
+        c.dnssec_publish_key = Some(new_path);
+    })
+    .await;
+    let reply = common::udp_query(server.dns(), &do_query("service.koder.", RecordType::DNSKEY, false)).await;
+    let keys = dnskeys(server.dns()).await;
+    assert_eq!(keys.len(), 2, "{reply}");
+    let printed = dnssec_tool(
+        "dnskey",
+        &[
+            "--dnssec-key",
+            old.to_str().unwrap(),
+            "--dnssec-publish-key",
+            new.to_str().unwrap(),
+        ],
+    );
+    let signing = keys
+        .iter()
+        .find(|k| printed.lines().next().unwrap().contains(&k.to_string()))
+        .unwrap();
+    assert!(
+        printed.lines().count() == 2 && keys.iter().all(|k| printed.contains(&k.to_string())),
+        "{printed}"
+    );
+    assert_verifies(&reply, signing, "the DNSKEY set");
+    let sigs = reply
+        .answers
+        .iter()
+        .filter(|r| r.record_type() == RecordType::RRSIG)
+        .count();
+    assert_eq!(sigs, 1, "one signature, by the signing key: {reply}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcd_node_without_a_given_key_refuses_to_start() {
     let dir = tempfile::tempdir().unwrap();
