@@ -70,6 +70,7 @@ fn bench(c: &mut Criterion) {
             dns_ttl: 5,
             negative_ttl: 5,
             ns_address: src.ip(),
+            signer: None,
         };
         let zone = answerer();
         let authority = Authority::new(answerer(), Default::default(), koder_dns::dns::WireSettings::default());

@@ -54,6 +54,42 @@ pub enum Command {
     /// API keys: `keys new` makes one for a --keys-file.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// The zone's DNSSEC key: `ds` for the parent, `dnskey` for a resolver's trust anchor,
+    /// `keygen` to make a key for --dnssec-key.
+    #[command(subcommand)]
+    Dnssec(DnssecCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DnssecCommand {
+    /// Print the zone's DS record (digest type 2, SHA-256), for the parent zone.
+    Ds(DnssecArgs),
+    /// Print the zone's DNSKEY records as zone-file lines, for a resolver's trust anchor
+    /// (unbound `trust-anchor-file`, Knot Resolver `trust_anchors.add_file`).
+    Dnskey(DnssecArgs),
+    /// Write a new ECDSA P-256 key (PKCS#8 PEM, mode 0600) to --out, for --dnssec-key or
+    /// --dnssec-publish-key. Refuses to replace a file.
+    Keygen(KeygenArgs),
+}
+
+/// The key `serve --dnssec` signs with: the same flags and variables as `serve`.
+#[derive(Debug, Args)]
+pub struct DnssecArgs {
+    #[arg(long, env = "KODER_DNS_DATA_DIR", default_value = "data", value_name = "DIR")]
+    pub data_dir: PathBuf,
+    #[arg(long, env = "KODER_DNS_DNSSEC_KEY", value_name = "FILE")]
+    pub dnssec_key: Option<PathBuf>,
+    #[arg(long, env = "KODER_DNS_DNSSEC_PUBLISH_KEY", value_name = "FILE")]
+    pub dnssec_publish_key: Option<PathBuf>,
+    #[arg(long, env = "KODER_DNS_DOMAIN", default_value = "service.koder")]
+    pub domain: String,
+}
+
+#[derive(Debug, Args)]
+pub struct KeygenArgs {
+    /// Where to write the key.
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -561,6 +597,58 @@ pub fn keys(command: KeysCommand) -> std::process::ExitCode {
             std::process::ExitCode::from(2)
         }
     }
+}
+
+/// `koder-dns dnssec ...`: exit 0 printed or written, 2 no key or a bad one.
+pub fn dnssec(command: DnssecCommand) -> std::process::ExitCode {
+    let done = (|| match command {
+        DnssecCommand::Keygen(args) => {
+            crate::keystore::write_new_key(&args.out)?;
+            eprintln!("koder-dns dnssec keygen: wrote {} (mode 0600)", args.out.display());
+            anyhow::Ok(String::new())
+        }
+        DnssecCommand::Ds(args) => {
+            let (zone, key) = dnssec_key(&args)?;
+            Ok(format!("{zone} IN DS {}\n", key.ds(&zone)?))
+        }
+        DnssecCommand::Dnskey(args) => {
+            let (zone, key) = dnssec_key(&args)?;
+            Ok(key
+                .published()
+                .iter()
+                .map(|k| format!("{zone} IN DNSKEY {k}\n"))
+                .collect())
+        }
+    })();
+    match done {
+        Ok(text) => {
+            print!("{text}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("koder-dns dnssec: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+/// The zone and the key `serve --dnssec` would sign it with; never generates one.
+fn dnssec_key(args: &DnssecArgs) -> anyhow::Result<(hickory_proto::rr::Name, crate::keystore::ZoneKey)> {
+    let zone = crate::zone::records::ZoneNames::new(&args.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
+    let source = crate::keystore::KeySource {
+        data_dir: args.data_dir.clone(),
+        key: args.dnssec_key.clone(),
+        publish: args.dnssec_publish_key.clone(),
+    };
+    let key = crate::keystore::ZoneKey::load(&source, false);
+    // Without --dnssec-key the only failure worth telling apart is "no key yet".
+    let key = match &args.dnssec_key {
+        Some(_) => key?,
+        None => key.map_err(|e| {
+            e.context("start `koder-dns serve --dnssec` once with this --data-dir, or give --dnssec-key")
+        })?,
+    };
+    Ok((zone.origin, key))
 }
 
 /// `koder-dns conformance`: exit 0 all pass, 1 any failed, 2 could not run.

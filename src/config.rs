@@ -316,6 +316,17 @@ settings! {
     dot_listen: MaybeAddr = "none", "KODER_DNS_DOT_LISTEN", "ADDR", optional_addr,
         "DNS over TLS (RFC 7858) address, e.g. 0.0.0.0:853; needs --tls-cert and --tls-key. Same \
          answers, connection bound and idle timeout as DNS over TCP.";
+    dnssec: bool = "false", "KODER_DNS_DNSSEC", "BOOL", parsed,
+        "Sign the service zone (DNSSEC, ECDSAP256SHA256, one combined key): RRSIGs for DO queries, \
+         compact denial (RFC 9824), signed transfers. The key is --dnssec-key, or generated into \
+         <data-dir>/dnssec/ at the first start and kept (`--dnssec` alone means true).",
+        [num_args = 0..=1, default_missing_value = "true"];
+    dnssec_key: MaybePath = "none", "KODER_DNS_DNSSEC_KEY", "FILE", optional_path,
+        "The zone's signing key, PKCS#8 PEM (ECDSA P-256), used as given; nodes sharing etcd must all be \
+         given the same one (`koder-dns dnssec keygen --out FILE` makes one). none = generated under --data-dir.";
+    dnssec_publish_key: MaybePath = "none", "KODER_DNS_DNSSEC_PUBLISH_KEY", "FILE", optional_path,
+        "A second key, PKCS#8 PEM, published as a DNSKEY beside the signing key but not signed with: \
+         the first step of a key rollover.";
     node_id: String = "auto", "KODER_DNS_NODE_ID", "ID", parsed,
         "This node's name among the etcd nodes (its membership key and the expiry leader's lock say it); \
          a node whose id a live node holds does not start (exit 2); auto = host:http-port.";

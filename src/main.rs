@@ -12,5 +12,6 @@ fn main() -> ExitCode {
         Command::Conformance(args) => koder_dns::cli::conformance(args),
         Command::Migrate(args) => koder_dns::cli::migrate(args),
         Command::Keys(command) => koder_dns::cli::keys(command),
+        Command::Dnssec(command) => koder_dns::cli::dnssec(command),
     }
 }

@@ -67,6 +67,67 @@ async fn open_etcd(_: &Config, _: &Arc<Registry>) -> anyhow::Result<Store> {
     anyhow::bail!("--store etcd: {}", crate::cluster::NO_ETCD)
 }
 
+/// With `--dnssec`, the signer of the service zone and its key (see [`crate::keystore`]): a
+/// node on etcd must be given the key (`--dnssec-key`), since every node signs with one.
+fn signer(config: &Config) -> anyhow::Result<Option<Arc<crate::sign::Signer>>> {
+    if !config.dnssec {
+        return Ok(None);
+    }
+    let source = crate::keystore::KeySource {
+        data_dir: config.data_dir.clone(),
+        key: config.dnssec_key.clone(),
+        publish: config.dnssec_publish_key.clone(),
+    };
+    if config.store == crate::cluster::StoreKind::Etcd && config.dnssec_key.is_none() {
+        anyhow::bail!(
+            "--dnssec with --store etcd needs --dnssec-key: every node must sign with the same key, which \
+             one node cannot generate for the others (make one with `koder-dns dnssec keygen --out FILE` \
+             and give it to every node)"
+        );
+    }
+    let key = crate::keystore::ZoneKey::load(&source, true)?;
+    let zone = ZoneNames::new(&config.domain).map_err(|e| anyhow::anyhow!("--domain: {e}"))?;
+    info!(key_tag = key.key_tag(), zone = %zone.origin, "signing the service zone (DNSSEC)");
+    Ok(Some(Arc::new(crate::sign::Signer::new(
+        key,
+        zone.origin,
+        config.dns_ttl.as_secs() as u32,
+    ))))
+}
+
+/// How often a signed zone checks whether the signatures its secondaries hold are due to be
+/// made again: a day before they expire, so hourly is ample.
+const SIGNATURE_CHECK: Duration = Duration::from_secs(3600);
+
+async fn refresh_once(authority: &Authority, store: &Store) -> bool {
+    if !authority.signatures_due() {
+        return false;
+    }
+    match store.touch().await {
+        Ok(()) => {
+            info!("signatures sent to secondaries are a day from expiring: a new serial carries new ones");
+            true
+        }
+        Err(e) => {
+            warn!(error = %e, "could not move the revision to refresh the secondaries' signatures; trying again later");
+            false
+        }
+    }
+}
+
+/// See [`Running::refresh_signatures`].
+async fn refresh_signatures(authority: Authority, store: Arc<Store>, shutdown: CancellationToken) {
+    let mut every = tokio::time::interval(SIGNATURE_CHECK);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = every.tick() => {
+                refresh_once(&authority, &store).await;
+            }
+        }
+    }
+}
+
 /// A started server.
 pub struct Running {
     pub dns_addr: SocketAddr,
@@ -75,6 +136,7 @@ pub struct Running {
     pub dot_addr: Option<SocketAddr>,
     pub registry: Arc<Registry>,
     store: Arc<Store>,
+    authority: Authority,
     reloader: Arc<Reloader>,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
@@ -95,6 +157,13 @@ impl Running {
     /// [`crate::reload`]). An error, logged too, when nothing was changed.
     pub async fn reload(&self) -> anyhow::Result<()> {
         self.reloader.reload().await
+    }
+
+    /// In a signed zone, moves the revision when signatures sent to secondaries are to be
+    /// made again, so that the next transfer carries new ones; true when it did. The server
+    /// does it every [`SIGNATURE_CHECK`]; tests on a manual clock call it.
+    pub async fn refresh_signatures(&self) -> bool {
+        refresh_once(&self.authority, &self.store).await
     }
 
     /// Stops accepting and answers held blocking queries at once; [`Self::shutdown`] then
@@ -158,6 +227,7 @@ pub async fn start_from(config: Config, args: Option<ServeArgs>, clock: Arc<dyn 
         default_check: config.default_check,
         zone,
     };
+    let signer = signer(&config).map_err(bad_setting)?;
     let registry = Arc::new(Registry::new(settings, clock));
     let health_events = registry.subscribe_lifecycle();
     let store = Arc::new(open_store(&config, &registry).await?);
@@ -174,6 +244,7 @@ pub async fn start_from(config: Config, args: Option<ServeArgs>, clock: Arc<dyn 
         dns_ttl: config.dns_ttl.as_secs() as u32,
         negative_ttl: config.negative_ttl.as_secs() as u32,
         ns_address: dns::ns_address(dns_addr),
+        signer,
     };
     let cookies = match &config.dns_cookie_secret_file {
         Some(path) => dns::cookie::Secrets::load(path).map_err(|e| anyhow::anyhow!("--dns-cookie-secret-file: {e}"))?,
@@ -234,7 +305,7 @@ pub async fn start_from(config: Config, args: Option<ServeArgs>, clock: Arc<dyn 
     }
     tasks.push(tokio::spawn(dns::tcp::serve(
         tcp,
-        authority,
+        authority.clone(),
         dns_limits(),
         None,
         shutdown.clone(),
@@ -314,6 +385,13 @@ pub async fn start_from(config: Config, args: Option<ServeArgs>, clock: Arc<dyn 
         health,
         shutdown.clone(),
     )));
+    if config.dnssec {
+        tasks.push(tokio::spawn(refresh_signatures(
+            authority.clone(),
+            store.clone(),
+            shutdown.clone(),
+        )));
+    }
 
     let dot = dot_addr.map(|a| a.to_string()).unwrap_or_else(|| "off".into());
     info!(dns = %dns_addr, http = %http_addr, https = cert.is_some(), dot = %dot, zone = %registry.zone().origin,
@@ -324,6 +402,7 @@ pub async fn start_from(config: Config, args: Option<ServeArgs>, clock: Arc<dyn 
         dot_addr,
         registry,
         store,
+        authority,
         reloader,
         shutdown,
         tasks,

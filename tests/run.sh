@@ -19,6 +19,11 @@ need nsd nsd
 need haproxy haproxy
 need knotd knot
 need kdig knot-dnsutils
+# The signed zone (tests/it/dnssec.rs): delv comes with dig, kresd validates beside unbound,
+# ldns-verify-zone checks a transferred zone.
+need delv bind9-dnsutils
+need kresd knot-resolver
+need ldns-verify-zone ldnsutils
 need etcd etcd-server
 # etcdctl: the etcd TLS tests make the limited role and user with it, as the README does.
 need etcdctl etcd-client

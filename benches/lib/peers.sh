@@ -54,9 +54,20 @@ EOF
     wait_dns "$port" "$domain." 20 || { cat "$dir"/*.log >&2; die "NSD did not answer on :$port"; }
 }
 
-# start_knot PORT ZONEFILE DOMAIN -> sets KNOT_PID
+# start_knot PORT ZONEFILE DOMAIN -> sets KNOT_PID. KNOT_DNSSEC=on: Knot signs the zone
+# itself (automatic signing: ECDSAP256SHA256, one combined key, NSEC), as koder-dns --dnssec.
 start_knot() {
-    local port="$1" zonefile="$2" domain="$3" dir="$BENCH_TMP/knot"
+    local port="$1" zonefile="$2" domain="$3" dir="$BENCH_TMP/knot" policy="" signing=""
+    if [[ "${KNOT_DNSSEC:-off}" == on ]]; then
+        policy="policy:
+  - id: csk
+    algorithm: ecdsap256sha256
+    single-type-signing: on
+    nsec3: off
+"
+        signing="    dnssec-signing: on
+    dnssec-policy: csk"
+    fi
     mkdir -p "$dir/db"
     cp "$zonefile" "$dir/$domain.zone"
     cat >"$dir/knot.conf" <<EOF
@@ -89,8 +100,10 @@ template:
     zonefile-sync: -1
     zonefile-load: whole
 
+${policy}
 zone:
   - domain: $domain.
+${signing}
 EOF
     knotc -c "$dir/knot.conf" conf-check >/dev/null || die "knot conf-check failed ($dir/knot.conf)"
     log "starting Knot DNS (udp/tcp-workers $THREADS) on :$port"

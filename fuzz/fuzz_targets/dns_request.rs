@@ -99,6 +99,7 @@ fn world() -> &'static World {
             dns_ttl: 5,
             negative_ttl: 5,
             ns_address: "127.0.0.1".parse().unwrap(),
+            signer: None,
         };
         World {
             runtime,

@@ -137,6 +137,7 @@ fuzz_target!(|data: &[u8]| {
         dns_ttl: 5,
         negative_ttl: 5,
         ns_address: "127.0.0.1".parse().unwrap(),
+        signer: None,
     };
     let plain = Name::from_str(&format!("{}.service.koder.", spec.name)).expect("a label makes a name");
     let mut queries = vec![

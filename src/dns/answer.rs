@@ -13,8 +13,9 @@ use crate::model::clock::Nanos;
 use crate::registry::Registry;
 use crate::registry::lease::{Lease, NEVER};
 use crate::registry::view::{Member, ServiceView};
+use crate::sign::Signer;
 use crate::zone::prepared::{Asked, Prepared};
-use crate::zone::records::{ZoneNames, address_rdata, parse_addr_label};
+use crate::zone::records::{NS_TTL, ZoneNames, address_rdata, parse_addr_label};
 
 /// The outcome of a lookup in the service zone.
 #[derive(Debug, PartialEq)]
@@ -42,11 +43,9 @@ pub struct ZoneAnswerer {
     /// and Knot add them. Set by [`super::Authority`] from its zones, and swapped with them
     /// on a reload (which drops the answers prepared with the old ones).
     pub host_addresses: ArcSwap<HashMap<LowerName, Vec<Record>>>,
+    /// With `--dnssec`: what signs the answers to DO queries, once per RRset.
+    pub signer: Option<Arc<Signer>>,
 }
-
-/// TTL of records that do not churn: NS, the address of `ns.`, and `<hex>.addr` addresses
-/// (in answers and additional sections alike).
-const NS_TTL: u32 = 3600;
 
 /// RFC 8482: one small synthesised record instead of every RRset at the name.
 fn minimal_any(owner: &Name) -> Answer {
@@ -71,6 +70,8 @@ enum Shape<'a> {
     NoData,
     Soa,
     Ns,
+    /// The apex's DNSKEY, in a signed zone.
+    Dnskey,
     Any,
     Address(IpAddr),
     /// `<name>` or `_<name>._<protocol>`: the registry answers.
@@ -94,6 +95,7 @@ impl ZoneAnswerer {
             (0, ..) => match qtype {
                 RecordType::SOA => Shape::Soa,
                 RecordType::NS => Shape::Ns,
+                RecordType::DNSKEY if self.signer.is_some() => Shape::Dnskey,
                 RecordType::ANY => Shape::Any,
                 _ => Shape::NoData,
             },
@@ -140,6 +142,13 @@ impl ZoneAnswerer {
                     )],
                 }
             }
+            Shape::Dnskey => Answer::Records {
+                answers: self
+                    .signer
+                    .as_ref()
+                    .map_or_else(Vec::new, |signer| signer.dnskey_records(owner, NS_TTL)),
+                additionals: vec![],
+            },
             Shape::Any => minimal_any(owner),
             Shape::Address(ip) => self.address_answer(owner, ip),
             Shape::Service(service, protocol) => self.service_answer(service, protocol, owner, qtype, now),
@@ -167,7 +176,48 @@ impl ZoneAnswerer {
                     _ => Some(ResponseCode::NXDomain),
                 }
             }
-            Shape::Soa | Shape::Ns | Shape::Any | Shape::Address(_) => None,
+            Shape::Soa | Shape::Ns | Shape::Dnskey | Shape::Any | Shape::Address(_) => None,
+        }
+    }
+
+    /// The types of the RRsets at `qname` (inside the zone), for the NSEC of a denial;
+    /// `None` when the name does not exist.
+    pub fn types_at(&self, qname: &LowerName) -> Option<Vec<RecordType>> {
+        let now = self.registry.now();
+        match self.shape(qname, RecordType::ANY, now) {
+            Shape::NxDomain => None,
+            Shape::NoData => Some(vec![]),
+            Shape::Any if self.registry.zone().depth(qname) == 0 => {
+                let mut types = vec![RecordType::NS, RecordType::SOA];
+                types.extend(self.signer.as_ref().map(|_| RecordType::DNSKEY));
+                Some(types)
+            }
+            Shape::Service(service, protocol) => {
+                let view = std::str::from_utf8(service).ok().and_then(|s| self.registry.view(s))?;
+                let members: Vec<&Arc<Member>> = view
+                    .answerable(now)
+                    .filter(|m| protocol.is_none_or(|p| m.protocol.as_bytes() == p))
+                    .collect();
+                if members.is_empty() {
+                    return None;
+                }
+                let mut types = vec![RecordType::TXT];
+                if protocol.is_some() {
+                    types.push(RecordType::SRV);
+                } else {
+                    let ips = || members.iter().filter_map(|m| m.records.ip());
+                    types.extend(ips().any(|ip| ip.is_ipv4()).then_some(RecordType::A));
+                    types.extend(ips().any(|ip| ip.is_ipv6()).then_some(RecordType::AAAA));
+                }
+                Some(types)
+            }
+            // `ns.` and `<hex>.addr`: the address record of their family.
+            _ => Some(
+                [RecordType::A, RecordType::AAAA]
+                    .into_iter()
+                    .filter(|t| matches!(self.shape(qname, *t, now), Shape::Address(_)))
+                    .collect(),
+            ),
         }
     }
 
@@ -316,8 +366,15 @@ impl ZoneAnswerer {
 
     /// Calls `f` with the prepared answer for `qtype` at `qname` (inside the zone), when
     /// `qname` is a service name with instances that DNS may hand out (a NODATA answer is
-    /// prepared too, without records). Everything else takes [`Self::answer`].
-    pub fn prepared<R>(&self, qname: &LowerName, qtype: RecordType, f: impl FnOnce(&Prepared) -> R) -> Option<R> {
+    /// prepared too, without records); `signed` for the one with RRSIGs (a DO query to a
+    /// signed zone). Everything else takes [`Self::answer`].
+    pub fn prepared<R>(
+        &self,
+        qname: &LowerName,
+        qtype: RecordType,
+        signed: bool,
+        f: impl FnOnce(&Prepared) -> R,
+    ) -> Option<R> {
         if !service_types(qtype) || qtype == RecordType::ANY {
             return None;
         }
@@ -336,15 +393,16 @@ impl ZoneAnswerer {
         let now = self.registry.now();
         let view_changes = || self.registry.view_changes();
         let f = match self.registry.with_view(service, |view| {
-            view.prepared.current(qtype, protocol, now, view_changes, f)
+            view.prepared.current(qtype, protocol, signed, now, view_changes, f)
         })? {
             Ok(answered) => return Some(answered),
             Err(f) => f,
         };
         // Built outside the map's lock, which registrations need.
         let view = self.registry.view(service)?;
-        let prepared = Arc::new(self.prepare(&view, qname, qtype, protocol, now)?);
-        view.prepared.keep(qtype, protocol, prepared.clone());
+        let signer = self.signer.as_deref().filter(|_| signed);
+        let prepared = Arc::new(self.prepare(&view, qname, qtype, protocol, signer, now)?);
+        view.prepared.keep(qtype, protocol, signed, prepared.clone());
         Some(f(&prepared))
     }
 
@@ -354,6 +412,7 @@ impl ZoneAnswerer {
         qname: &LowerName,
         qtype: RecordType,
         protocol: Option<&[u8]>,
+        signer: Option<&Signer>,
         now: Nanos,
     ) -> Option<Prepared> {
         let members = self.answerable(view, protocol, now);
@@ -368,6 +427,12 @@ impl ZoneAnswerer {
             Answer::Records { answers, additionals } => (answers, additionals),
             _ => Default::default(),
         };
+        // Signed once per RRset content (the signer keeps each signature), so an answer
+        // built again as its TTL shrinks signs nothing.
+        let (answers, additionals) = match signer {
+            Some(signer) => (signer.with_rrsigs(answers, now), signer.with_rrsigs(additionals, now)),
+            None => (answers, additionals),
+        };
         Prepared::encode(
             Asked {
                 owner,
@@ -375,6 +440,7 @@ impl ZoneAnswerer {
                 ttl: built.ttl,
                 earliest: built.earliest,
                 view_changes: built.in_zone.then_some(view_changes),
+                signed_until: signer.map(|_| Signer::fresh_until(now)),
             },
             &answers,
             &additionals,

@@ -21,7 +21,9 @@ use hickory_proto::rr::Record;
 use parking_lot::Mutex;
 
 use super::answer::{ServiceRecords, ZoneAnswerer};
+use crate::model::clock::Nanos;
 use crate::registry::view::ServiceView;
+use crate::sign::transfer::SignedZone;
 
 /// The bounds of the journal.
 #[derive(Clone, Copy, Debug)]
@@ -41,11 +43,13 @@ pub struct Delta {
     bytes: usize,
 }
 
-/// A cut version, to send whole: its serial and its records (the apex's aside).
+/// A cut version, to send whole: its serial and its records (the apex's aside), and in a
+/// signed zone the apex's DNSKEY, its RRSIGs and the NSEC chain.
 pub struct Version {
     pub serial: u32,
     pub services: Vec<Arc<[Record]>>,
     pub addrs: Vec<Record>,
+    pub signed: Vec<Record>,
 }
 
 struct Service {
@@ -62,6 +66,8 @@ struct State {
     ips: HashMap<IpAddr, usize>,
     deltas: VecDeque<Arc<Delta>>,
     bytes: usize,
+    /// In a signed zone: its DNSKEY, RRSIGs and NSEC chain as last sent.
+    signed: Option<SignedZone>,
 }
 
 pub struct Journal {
@@ -118,6 +124,16 @@ impl Journal {
         }
     }
 
+    /// Whether signatures sent to secondaries are to be made again by `now`: then a new
+    /// revision (`Store::touch`) makes the next transfer carry them.
+    pub fn signatures_due(&self, now: Nanos) -> bool {
+        self.state
+            .lock()
+            .signed
+            .as_ref()
+            .is_some_and(|signed| signed.refresh_due(now))
+    }
+
     /// Cuts a version at the registry's current revision (if it moved since the last cut)
     /// and answers a secondary at `serial`, or one that wants the whole zone (`None`).
     pub fn since(&self, zone: &ZoneAnswerer, serial: Option<u32>) -> Since {
@@ -149,6 +165,19 @@ impl Journal {
             return serial;
         }
         let now = registry.now();
+        let signer = zone.signer.as_deref();
+        if let (Some(signer), None) = (signer, &state.signed) {
+            let origin = &registry.zone().origin;
+            state.signed = Some(SignedZone::new(
+                signer,
+                origin,
+                zone.apex_records(),
+                zone.negative_ttl,
+                now,
+            ));
+        }
+        // A refresh builds again every service whose signatures are getting old.
+        let refresh = state.signed.as_mut().is_some_and(|signed| signed.begin(now));
         let mut old = std::mem::take(&mut state.services);
         let mut deleted = Vec::new();
         let mut added = Vec::new();
@@ -164,7 +193,12 @@ impl Journal {
         };
         for (name, view) in views {
             let previous = old.remove(&name);
-            if let Some(previous) = previous.as_ref().filter(|p| Arc::ptr_eq(&p.view, &view)) {
+            let unchanged =
+                |p: &&Service| Arc::ptr_eq(&p.view, &view) && (!refresh || SignedZone::fresh(&p.records, now));
+            if let Some(previous) = previous.as_ref().filter(unchanged) {
+                if let Some(signed) = state.signed.as_mut().filter(|_| refresh) {
+                    signed.kept(&previous.records);
+                }
                 let kept = Service {
                     view,
                     records: previous.records.clone(),
@@ -173,8 +207,11 @@ impl Journal {
                 state.services.insert(name, kept);
                 continue;
             }
-            let ServiceRecords { records, ips } = zone.transfer_records(&name, &view, now);
+            let ServiceRecords { mut records, ips } = zone.transfer_records(&name, &view, now);
             let (old_records, old_ips) = previous.map_or((Arc::from([]), Vec::new()), |p| (p.records, p.ips));
+            if let (Some(signer), Some(signed)) = (signer, state.signed.as_mut()) {
+                records = signed.service(signer, &old_records, records, now);
+            }
             diff(&old_records, &records, &mut deleted, &mut added);
             for ip in &old_ips {
                 count(&mut state.ips, *ip, false);
@@ -192,6 +229,9 @@ impl Journal {
             );
         }
         for (_, gone) in old {
+            if let Some(signed) = state.signed.as_mut() {
+                signed.service_gone(&gone.records);
+            }
             deleted.extend(gone.records.iter().cloned());
             for ip in &gone.ips {
                 count(&mut state.ips, *ip, false);
@@ -199,14 +239,31 @@ impl Journal {
         }
         for (ip, before) in moved {
             let after = state.ips.get(&ip).copied().unwrap_or(0);
+            let record = zone.addr_record(ip);
+            let signed = signer.zip(state.signed.as_mut());
             match (before, after) {
-                (0, 1..) => added.push(zone.addr_record(ip)),
-                (1.., 0) => deleted.push(zone.addr_record(ip)),
+                (0, 1..) => {
+                    if let Some((signer, signed)) = signed {
+                        added.extend(signed.addr_added(signer, ip, &record, now));
+                    }
+                    added.push(record);
+                }
+                (1.., 0) => {
+                    if let Some((_, signed)) = signed {
+                        deleted.extend(signed.addr_removed(ip, &record));
+                    }
+                    deleted.push(record);
+                }
                 _ => {}
             }
             if after == 0 {
                 state.ips.remove(&ip);
             }
+        }
+        if let (Some(signer), Some(signed)) = (signer, state.signed.as_mut()) {
+            let (gone, new) = signed.finish(signer, &zone.soa_at(serial), refresh, |ip| zone.addr_record(ip), now);
+            deleted.extend(gone);
+            added.extend(new);
         }
         if let Some(from) = state.revision {
             let bytes = deleted.iter().chain(&added).map(super::record_upper).sum();
@@ -234,9 +291,14 @@ impl Journal {
 fn whole(state: &State, zone: &ZoneAnswerer, serial: u32) -> Version {
     let mut ips: Vec<IpAddr> = state.ips.keys().copied().collect();
     ips.sort_unstable();
+    let signed = state
+        .signed
+        .as_ref()
+        .map_or_else(Vec::new, |signed| signed.records(&ips).cloned().collect());
     Version {
         serial,
         services: state.services.values().map(|s| s.records.clone()).collect(),
         addrs: ips.into_iter().map(|ip| zone.addr_record(ip)).collect(),
+        signed,
     }
 }

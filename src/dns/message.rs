@@ -84,6 +84,8 @@ pub(super) struct QueryOpt<'a> {
     pub max_payload: u16,
     pub version: u8,
     pub dnssec_ok: bool,
+    /// The Compact Answers OK flag (RFC 9824 §3): NXDOMAIN wanted with compact denial.
+    pub compact_ok: bool,
     /// Whether it asks for NSID (RFC 5001).
     pub nsid: bool,
     /// The COOKIE option, `Some(None)` when it is malformed (see [`cookie::Sent::parse`])
@@ -103,6 +105,7 @@ impl<'a> QueryOpt<'a> {
             max_payload: u16::from_be_bytes([p0, p1]),
             version,
             dnssec_ok: flags & 0x80 != 0,
+            compact_ok: flags & 0x40 != 0,
             nsid: false,
             cookie: None,
         };

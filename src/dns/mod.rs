@@ -35,7 +35,9 @@ use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseI
 use hickory_server::zone_handler::MessageResponseBuilder;
 use tokio::net::TcpListener;
 
-use crate::zone::prepared::{Opt, SoaTail};
+use crate::model::clock::Nanos;
+use crate::sign::{NXNAME, Signer};
+use crate::zone::prepared::{Negative, Opt, SoaTail};
 use answer::{Answer, ZoneAnswerer};
 use zones::StaticZones;
 
@@ -115,6 +117,9 @@ fn response_edns(request: &Edns, wire: &WireSettings, cookie: Option<cookie::Rep
     edns.set_max_payload(wire.udp_max_payload)
         .set_version(0)
         .set_dnssec_ok(request.flags().dnssec_ok);
+    if compact_ok(request) {
+        edns.flags_mut().z |= CO_FLAG;
+    }
     if wants_nsid(request)
         && let Ok(nsid) = NSIDPayload::new(wire.identity.as_bytes())
     {
@@ -125,6 +130,14 @@ fn response_edns(request: &Edns, wire: &WireSettings, cookie: Option<cookie::Rep
             .insert(EdnsOption::Unknown(cookie::CODE, cookie.to_vec()));
     }
     edns
+}
+
+/// The Compact Answers OK flag in the EDNS flags (RFC 9824 §3), after DO.
+const CO_FLAG: u16 = 0x4000;
+
+/// Whether a request sets DO and CO: NXDOMAIN wanted with compact denial.
+fn compact_ok(edns: &Edns) -> bool {
+    edns.flags().dnssec_ok && edns.flags().z & CO_FLAG != 0
 }
 
 /// The request handler for every zone we serve; cheap to clone, so the UDP server and the
@@ -190,6 +203,12 @@ impl Authority {
     /// The TSIG keys in force.
     fn tsig(&self) -> arc_swap::Guard<Arc<tsig::Keys>> {
         self.0.tsig.load()
+    }
+
+    /// Whether the signatures secondaries were sent are to be made again (see
+    /// [`journal::Journal::signatures_due`]).
+    pub fn signatures_due(&self) -> bool {
+        self.0.journal.signatures_due(self.0.zone.registry.now())
     }
 
     /// The service zone's SOA as of now, for NOTIFY.
@@ -336,6 +355,7 @@ impl Authority {
         edns.map(|e| Opt {
             max_payload: wire.udp_max_payload,
             dnssec_ok: e.dnssec_ok,
+            compact_ok: e.dnssec_ok && e.compact_ok,
             cookie: e
                 .cookie
                 .flatten()
@@ -371,7 +391,7 @@ impl Authority {
         let qtype = query.query_type();
         if metadata.op_code != OpCode::Query
             || !answered_as_in(query.query_class())
-            || matches!(qtype, RecordType::AXFR | RecordType::IXFR)
+            || matches!(qtype, RecordType::AXFR | RecordType::IXFR | NXNAME)
             || edns.is_some_and(|e| e.version > 0 || e.nsid || e.cookie == Some(None))
         {
             return false;
@@ -385,7 +405,8 @@ impl Authority {
         }
         let limit = response_limit(protocol, edns.map(|e| e.max_payload), wire.udp_max_payload);
         let opt = self.reply_opt(*edns, src);
-        let code = match zone.prepared(&name, qtype, |p| {
+        let signer = zone.signer.as_deref().filter(|_| opt.is_some_and(|o| o.dnssec_ok));
+        let code = match zone.prepared(&name, qtype, signer.is_some(), |p| {
             (!p.is_empty()).then(|| p.write(metadata, raw, opt, limit, out))
         }) {
             Some(Some(written)) => return written,
@@ -398,7 +419,39 @@ impl Authority {
             },
         };
         let serial = zone.registry.current_serial();
-        soa_tail.write(serial, || zone.soa_at(serial), metadata, code, raw, opt, limit, out)
+        let Some(signer) = signer else {
+            let negative = Negative {
+                code,
+                denial: None,
+                now: 0,
+                signed_until: Nanos::MAX,
+            };
+            let soa = || vec![zone.soa_at(serial)];
+            return soa_tail.write(serial, soa, metadata, negative, raw, opt, limit, out);
+        };
+        // Compact denial: the name's own NSEC, made once per name and kept.
+        let now = zone.registry.now();
+        let Some(denial) = signer.denial_bytes(&name, zone.types_at(&name).as_deref(), zone.negative_ttl, now) else {
+            return false;
+        };
+        let negative = Negative {
+            code: denial_code(code, opt.is_some_and(|o| o.compact_ok)),
+            denial: Some(&denial),
+            now,
+            signed_until: Signer::fresh_until(now),
+        };
+        let soa = || signer.with_rrsigs(vec![zone.soa_at(serial)], now);
+        soa_tail.write(serial, soa, metadata, negative, raw, opt, limit, out)
+    }
+}
+
+/// The rcode of a signed negative answer (RFC 9824 §3): a name that does not exist is
+/// NOERROR with its NSEC showing NXNAME, unless the query set Compact Answers OK, which asks
+/// for NXDOMAIN.
+fn denial_code(code: ResponseCode, compact_ok: bool) -> ResponseCode {
+    match code {
+        ResponseCode::NXDomain if !compact_ok => ResponseCode::NoError,
+        code => code,
     }
 }
 
@@ -419,6 +472,9 @@ impl RequestHandler for Authority {
             Some(ResponseCode::FormErr)
         } else if request.edns.as_ref().is_some_and(|e| e.version() > 0) {
             Some(ResponseCode::BADVERS)
+        } else if queries[0].query_type() == NXNAME {
+            // A meta-type: asking for it is an error (RFC 9824 §3.5).
+            Some(ResponseCode::FormErr)
         } else {
             None
         };
@@ -479,15 +535,31 @@ impl RequestHandler for Authority {
         // QCLASS ANY is answered as IN, with AA, as Knot and BIND answer it (NSD clears AA,
         // after RFC 1035 §6.2; the zone has class IN only, so the answer is complete).
         meta.authoritative = true;
-        let negative_soa = Some(this.zone.soa());
-        let (mut answers, mut additionals, soa) = match this.zone.answer(query.name(), query.original().name(), qtype) {
-            Answer::Records { answers, additionals } => (answers, additionals, None),
-            Answer::NoData => (vec![], vec![], negative_soa),
-            Answer::NxDomain => {
-                meta.response_code = ResponseCode::NXDomain;
-                (vec![], vec![], negative_soa)
+        let negative_soa = vec![this.zone.soa()];
+        let (mut answers, mut additionals, mut soa) =
+            match this.zone.answer(query.name(), query.original().name(), qtype) {
+                Answer::Records { answers, additionals } => (answers, additionals, vec![]),
+                Answer::NoData => (vec![], vec![], negative_soa),
+                Answer::NxDomain => {
+                    meta.response_code = ResponseCode::NXDomain;
+                    (vec![], vec![], negative_soa)
+                }
+            };
+        if let Some(signer) = &this.zone.signer
+            && request.edns.as_ref().is_some_and(|e| e.flags().dnssec_ok)
+        {
+            let now = this.zone.registry.now();
+            answers = signer.with_rrsigs(answers, now);
+            additionals = signer.with_rrsigs(additionals, now);
+            if !soa.is_empty() {
+                soa = signer.with_rrsigs(soa, now);
+                let types = this.zone.types_at(query.name());
+                let owner = query.original().name();
+                soa.extend(signer.denial_records(owner, types.as_deref(), this.zone.negative_ttl, now));
+                let compact = request.edns.as_ref().is_some_and(compact_ok);
+                meta.response_code = denial_code(meta.response_code, compact);
             }
-        };
+        }
         let limit = response_limit(
             request.protocol(),
             request.edns.as_ref().map(Edns::max_payload),

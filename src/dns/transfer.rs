@@ -161,6 +161,7 @@ pub fn answer(authority: &Authority, message: &[u8], src: SocketAddr, send: &mut
                         .chain(&apex)
                         .chain(services)
                         .chain(&version.addrs)
+                        .chain(&version.signed)
                         .chain(std::iter::once(&current)),
                 );
                 tracing::info!(%src, serial = version.serial, kind = %query.query_type(), messages = out.sent, "whole zone sent");

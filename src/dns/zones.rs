@@ -75,7 +75,18 @@ pub fn load(dir: &Path, service_zone: &Name) -> anyhow::Result<StaticZones> {
             Ok(parsed) => parsed,
             Err(e) => {
                 let line = error_line(&text, &path, &origin, &e.to_string());
-                bail!("zone file {}:{line}: {e}", path.display());
+                // hickory's parser reads no RRSIG, NSEC or NSEC3 ("should be dynamically
+                // generated"): say what that means for the operator.
+                let signed = e.to_string().contains("dynamically generated");
+                let hint = match signed {
+                    true => {
+                        " (a pre-signed zone file: koder-dns serves static zones unsigned and cannot read \
+                             their RRSIG, NSEC or NSEC3 records; remove them, or serve the signed zone \
+                             from NSD or Knot)"
+                    }
+                    false => "",
+                };
+                bail!("zone file {}:{line}: {e}{hint}", path.display());
             }
         };
         let origin = origin.to_lowercase();

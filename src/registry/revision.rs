@@ -67,6 +67,12 @@ impl Registry {
         }
     }
 
+    /// A new revision with nothing changed (see `store::Backend::touch`); on a shared
+    /// store the store's own revision moves instead.
+    pub fn touch(&self) {
+        self.bump();
+    }
+
     /// From now on the revision is the shared store's, starting at `revision`: set, not
     /// raised, because the wall-clock start of [`Self::new`] is far above etcd's counter.
     pub fn follow_revision(&self, revision: u64) {

@@ -90,6 +90,10 @@ pub trait Backend: Send + Sync {
     /// For `/healthz`.
     fn status(&self) -> DiskStatus;
 
+    /// A new revision with nothing else changed, on every node sharing the store: what a
+    /// signed zone's secondaries need to transfer signatures made again before they expire.
+    async fn touch(&self) -> Result<(), StoreError>;
+
     /// Writes everything still pending and stops; an error if that failed.
     async fn close(&self) -> Result<(), String>;
 }
@@ -168,6 +172,11 @@ impl Store {
     }
 
     /// Writes everything still pending and stops the backend; an error if that failed.
+    /// See [`Backend::touch`].
+    pub async fn touch(&self) -> Result<(), StoreError> {
+        self.backend.touch().await
+    }
+
     pub async fn close(&self) -> Result<(), String> {
         self.backend.close().await
     }

@@ -46,6 +46,8 @@ use crate::model::clock::{Nanos, SECOND};
 pub struct Opt {
     pub max_payload: u16,
     pub dnssec_ok: bool,
+    /// The Compact Answers OK flag (RFC 9824 §3), echoed with DO.
+    pub compact_ok: bool,
     pub cookie: Option<[u8; COOKIE_LEN]>,
 }
 
@@ -61,10 +63,14 @@ impl Opt {
     }
 
     /// The record written out: root owner, type OPT, the payload as class, extended
-    /// RCODE 0, version 0, the DO flag, and the COOKIE option if any.
+    /// RCODE 0, version 0, the DO and CO flags, and the COOKIE option if any.
     fn emit(self, encoder: &mut BinEncoder<'_>) -> Result<(), hickory_proto::ProtoError> {
         let [p0, p1] = self.max_payload.to_be_bytes();
-        let flags = if self.dnssec_ok { 0x80 } else { 0 };
+        let flags = match (self.dnssec_ok, self.compact_ok) {
+            (true, true) => 0xc0,
+            (true, false) => 0x80,
+            _ => 0,
+        };
         let [l0, l1] = ((self.len() - OPT_LEN) as u16).to_be_bytes();
         encoder.emit_vec(&[0, 0, 41, p0, p1, 0, 0, flags, 0, l0, l1])?;
         match self.cookie {
@@ -122,11 +128,13 @@ struct Key {
     qtype: RecordType,
     /// Inline: protocols are short.
     protocol: Option<CompactString>,
+    /// With RRSIGs, for DO queries to a signed zone.
+    signed: bool,
 }
 
 impl Key {
-    fn is(&self, qtype: RecordType, protocol: Option<&[u8]>) -> bool {
-        self.qtype == qtype && self.protocol.as_ref().map(|p| p.as_bytes()) == protocol
+    fn is(&self, qtype: RecordType, protocol: Option<&[u8]>, signed: bool) -> bool {
+        self.qtype == qtype && self.signed == signed && self.protocol.as_ref().map(|p| p.as_bytes()) == protocol
     }
 }
 
@@ -209,14 +217,15 @@ struct Glue {
 }
 
 /// What to prepare: the question, the records' TTL, the earliest lease deadline of the
-/// instances answered, and the registry's count of view changes if the answer holds another
-/// service's addresses.
+/// instances answered, the registry's count of view changes if the answer holds another
+/// service's addresses, and for a signed answer when its signatures are to be made again.
 pub struct Asked {
     pub owner: Name,
     pub qtype: RecordType,
     pub ttl: u32,
     pub earliest: Nanos,
     pub view_changes: Option<u64>,
+    pub signed_until: Option<Nanos>,
 }
 
 /// The length of the name at the start of `bytes`: labels up to the root or a pointer.
@@ -245,6 +254,7 @@ impl Prepared {
             ttl,
             earliest,
             view_changes,
+            signed_until,
         } = asked;
         let query = Query::query(owner, qtype);
         let mut bytes = query.to_bytes().ok()?;
@@ -282,7 +292,9 @@ impl Prepared {
         } else {
             Box::default()
         };
-        let expires = earliest.saturating_sub(ttl as Nanos * SECOND);
+        let expires = earliest
+            .saturating_sub(ttl as Nanos * SECOND)
+            .min(signed_until.unwrap_or(Nanos::MAX));
         Some(Self {
             bytes: bytes.into(),
             ends: ends.into(),
@@ -382,13 +394,15 @@ fn srv_target_len(record: &Record) -> Option<u32> {
 pub struct PreparedAnswers(ArcSwapOption<Vec<(Key, Arc<Prepared>)>>);
 
 impl PreparedAnswers {
-    /// `f` on the prepared answer for `qtype` (and `protocol`) if one has not expired at
-    /// `now`, nor (for one that holds another service's addresses) any view changed since it
-    /// was built (`view_changes`, read only then); `f` back if not.
+    /// `f` on the prepared answer for `qtype` (and `protocol`, and `signed`) if one has not
+    /// expired at `now`, nor (for one that holds another service's addresses) any view changed
+    /// since it was built (`view_changes`, read only then); `f` back if not.
+    #[allow(clippy::too_many_arguments)]
     pub fn current<R, F: FnOnce(&Prepared) -> R>(
         &self,
         qtype: RecordType,
         protocol: Option<&[u8]>,
+        signed: bool,
         now: Nanos,
         view_changes: impl FnOnce() -> u64,
         f: F,
@@ -396,7 +410,7 @@ impl PreparedAnswers {
         let answers = self.0.load();
         match answers
             .as_deref()
-            .and_then(|a| a.iter().find(|(key, _)| key.is(qtype, protocol)))
+            .and_then(|a| a.iter().find(|(key, _)| key.is(qtype, protocol, signed)))
         {
             Some((_, prepared))
                 if now < prepared.expires && prepared.view_changes.is_none_or(|n| n == view_changes()) =>
@@ -413,10 +427,11 @@ impl PreparedAnswers {
     }
 
     /// Keeps `prepared` for the next queries, in place of any older one.
-    pub fn keep(&self, qtype: RecordType, protocol: Option<&[u8]>, prepared: Arc<Prepared>) {
+    pub fn keep(&self, qtype: RecordType, protocol: Option<&[u8]>, signed: bool, prepared: Arc<Prepared>) {
         let key = Key {
             qtype,
             protocol: protocol.map(|p| String::from_utf8_lossy(p).into()),
+            signed,
         };
         self.0.rcu(|answers| {
             let mut answers: Vec<_> = answers.as_deref().cloned().unwrap_or_default();
@@ -429,56 +444,91 @@ impl PreparedAnswers {
     }
 }
 
-/// The zone's SOA record, encoded for the authority section of negative answers. Its names
-/// are not compressed, so the same bytes follow any question.
+/// The zone's SOA record, encoded for the authority section of negative answers, and for
+/// a signed zone the SOA with its RRSIG. Its names are not compressed, so the same bytes
+/// follow any question.
 #[derive(Default)]
-pub struct SoaTail(ArcSwapOption<(u32, Box<[u8]>)>);
+pub struct SoaTail {
+    plain: ArcSwapOption<Tail>,
+    signed: ArcSwapOption<Tail>,
+}
+
+/// The SOA (and its RRSIG) encoded for one serial, good until a time (the signature's
+/// refresh).
+struct Tail {
+    serial: u32,
+    until: Nanos,
+    bytes: Box<[u8]>,
+}
+
+/// A negative answer to write: its code, and for a DO query to a signed zone the NSEC of
+/// compact denial with its RRSIG, encoded to follow the question (see
+/// `sign::Signer::denial_bytes`).
+pub struct Negative<'a> {
+    pub code: ResponseCode,
+    pub denial: Option<&'a [u8]>,
+    /// Now, and until when signatures made now are served.
+    pub now: Nanos,
+    pub signed_until: Nanos,
+}
 
 impl SoaTail {
-    /// Writes a negative answer (`code` NXDOMAIN, or NOERROR for NODATA) to a request with
-    /// `metadata` and `question`: the question, then `soa` (built for `serial` when the kept
-    /// one is older) in authority. False when that would exceed `limit`, which only a very
+    /// Writes a negative answer (`negative.code` NXDOMAIN, or NOERROR for NODATA) to a
+    /// request with `metadata` and `question`: the question, then `soa` (built for `serial`
+    /// when the kept one is older: the SOA, and its RRSIG with a denial) in authority, and
+    /// the denial's NSEC and RRSIG. False when that would exceed `limit`, which only a very
     /// long zone name makes happen; the encoding path compresses.
     #[allow(clippy::too_many_arguments)]
     pub fn write(
         &self,
         serial: u32,
-        soa: impl FnOnce() -> Record,
+        soa: impl FnOnce() -> Vec<Record>,
         metadata: &Metadata,
-        code: ResponseCode,
+        negative: Negative<'_>,
         question: &[u8],
         edns: Option<Opt>,
         limit: usize,
         out: &mut Vec<u8>,
     ) -> bool {
-        let kept = self.0.load();
+        let slot = match negative.denial {
+            Some(_) => &self.signed,
+            None => &self.plain,
+        };
+        let kept = slot.load();
         let fresh;
         let tail: &[u8] = match kept.as_deref() {
-            Some((kept_serial, bytes)) if *kept_serial == serial => bytes,
+            Some(tail) if tail.serial == serial && negative.now < tail.until => &tail.bytes,
             _ => {
                 let mut bytes = Vec::new();
                 let mut encoder = BinEncoder::new(&mut bytes);
                 encoder.set_name_encoding(NameEncoding::Uncompressed);
-                if soa().emit(&mut encoder).is_err() {
+                if soa().iter().any(|record| record.emit(&mut encoder).is_err()) {
                     return false;
                 }
-                fresh = Arc::new((serial, bytes.into_boxed_slice()));
-                self.0.store(Some(fresh.clone()));
-                &fresh.1
+                fresh = Arc::new(Tail {
+                    serial,
+                    until: negative.signed_until,
+                    bytes: bytes.into_boxed_slice(),
+                });
+                slot.store(Some(fresh.clone()));
+                &fresh.bytes
             }
         };
-        if 12 + question.len() + tail.len() + opt_len(edns) > limit {
+        let denial = negative.denial.unwrap_or_default();
+        if 12 + question.len() + tail.len() + denial.len() + opt_len(edns) > limit {
             return false;
         }
         out.clear();
         out.resize(12 + question.len(), 0);
         out.extend_from_slice(tail);
+        out.extend_from_slice(denial);
+        let signed = negative.denial.is_some();
         let counts = HeaderCounts {
             queries: 1,
             answers: 0,
-            authorities: 1,
+            authorities: if signed { 4 } else { 1 },
             additionals: 0,
         };
-        finish(out, authoritative(metadata, code), counts, question, edns)
+        finish(out, authoritative(metadata, negative.code), counts, question, edns)
     }
 }

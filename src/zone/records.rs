@@ -11,6 +11,10 @@ use hickory_proto::rr::{LowerName, Name, RData, Record};
 use crate::model::instance::{Address, Instance};
 use crate::model::metadata::Metadata;
 
+/// TTL of records that do not churn: NS, the address of `ns.`, `<hex>.addr` addresses (in
+/// answers and additional sections alike), and the apex's DNSKEY.
+pub const NS_TTL: u32 = 3600;
+
 /// The fixed names of the service zone.
 #[derive(Clone, Debug)]
 pub struct ZoneNames {

@@ -1579,7 +1579,7 @@ async fn every_zone_file_is_its_own_zone() {
     }
 }
 
-async fn start_error(zones_dir: PathBuf) -> String {
+pub(crate) async fn start_error(zones_dir: PathBuf) -> String {
     let dir = tempfile::tempdir().unwrap();
     let mut config = common::test_config(dir.path());
     config.zones_dir = zones_dir;

@@ -703,6 +703,48 @@ async fn soa_serial(dns: SocketAddr) -> u32 {
     }
 }
 
+/// Nodes given one `--dnssec-key` publish one DNSKEY, and what each answers a DO query
+/// verifies with it, whichever node took the registration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn nodes_given_one_dnssec_key_publish_one_dnskey_and_sign_with_it() {
+    use crate::dnssec::{assert_verifies, dnskeys, dnssec_tool, do_query};
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let key = tmp.path().join("zone.pem");
+    dnssec_tool("keygen", &["--out", key.to_str().unwrap()]);
+    let endpoints = cluster.endpoints();
+    let mut args = node_args(&endpoints, "/dnssec/");
+    args.extend(["--dnssec", "--dnssec-key", key.to_str().unwrap()]);
+    let a = launch_ok(&tmp.path().join("a"), &args).await;
+    let b = launch_ok(&tmp.path().join("b"), &args).await;
+    let (status, body) = post(
+        &client(),
+        &a,
+        "/services/register",
+        &instance("v1", "voice", 1, 60 * SECOND),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    until("b serves the registration", Duration::from_secs(5), async || {
+        srv(b.dns, "voice").await == 1
+    })
+    .await;
+    let keys = dnskeys(a.dns).await;
+    assert_eq!(keys.len(), 1);
+    assert_eq!(dnskeys(b.dns).await, keys, "one DNSKEY on every node");
+    for node in [&a, &b] {
+        for (name, rtype) in [
+            ("_voice._tcp.service.koder.", RecordType::SRV),
+            ("nosuch.service.koder.", RecordType::A),
+        ] {
+            let reply = common::tcp_query(node.dns, &do_query(name, rtype, false)).await;
+            assert_verifies(&reply, &keys[0], &format!("{name} {rtype} from {}", node.dns));
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
 async fn an_expired_instance_is_hidden_everywhere_and_deleted_once() {

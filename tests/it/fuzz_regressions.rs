@@ -82,6 +82,7 @@ fn dns_request_regressions() {
         dns_ttl: 5,
         negative_ttl: 5,
         ns_address: "127.0.0.1".parse().unwrap(),
+        signer: None,
     };
     let authority = Authority::new(answerer, Default::default(), WireSettings::default());
     let runtime = tokio::runtime::Builder::new_current_thread()

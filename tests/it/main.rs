@@ -14,6 +14,7 @@ mod clients;
 mod concurrency;
 mod deploy;
 mod dns;
+mod dnssec;
 mod etcd;
 mod export;
 mod fuzz_regressions;

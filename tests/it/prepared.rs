@@ -91,6 +91,7 @@ fn world() -> World {
         dns_ttl: 5,
         negative_ttl: 5,
         ns_address: "127.0.0.1".parse().unwrap(),
+        signer: None,
     };
     World {
         registry,

@@ -44,8 +44,8 @@ pub(crate) struct Dig {
     pub status: String,
     flags: Vec<String>,
     pub answer: Vec<Vec<String>>,
-    authority: Vec<Vec<String>>,
-    additional: Vec<Vec<String>>,
+    pub authority: Vec<Vec<String>>,
+    pub additional: Vec<Vec<String>>,
     msg_size: Option<usize>,
 }
 
@@ -102,14 +102,14 @@ impl Dig {
         dig
     }
 
-    fn of_type<'a>(records: &'a [Vec<String>], rtype: &str) -> Vec<&'a Vec<String>> {
+    pub(crate) fn of_type<'a>(records: &'a [Vec<String>], rtype: &str) -> Vec<&'a Vec<String>> {
         records
             .iter()
             .filter(|r| r.get(3).is_some_and(|t| t == rtype))
             .collect()
     }
 
-    fn has_flag(&self, flag: &str) -> bool {
+    pub(crate) fn has_flag(&self, flag: &str) -> bool {
         self.flags.iter().any(|f| f == flag)
     }
 }
@@ -335,9 +335,9 @@ pub(crate) fn free_port() -> u16 {
     panic!("no free loopback port for both UDP and TCP");
 }
 
-struct Unbound {
+pub(crate) struct Unbound {
     child: tokio::process::Child,
-    addr: SocketAddr,
+    pub addr: SocketAddr,
     _dir: tempfile::TempDir,
     log: PathBuf,
 }
@@ -349,14 +349,18 @@ impl Drop for Unbound {
 }
 
 impl Unbound {
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
+/// How unbound treats the service zone: unsigned, as most tests serve it.
+const INSECURE: &str = "    module-config: \"iterator\"\n    domain-insecure: \"service.koder.\"\n";
+
 /// `stub` is the stub zone's own lines (`stub-addr: ...`, and `stub-tls-upstream: yes` for
-/// DNS over TLS); `extra` goes into the server section.
-fn unbound_conf(dir: &Path, port: u16, stub: &str, extra: &str) -> String {
+/// DNS over TLS), and any further zone clauses; `security` says whether unbound validates
+/// (see [`INSECURE`]); `extra` goes into the server section.
+fn unbound_conf(dir: &Path, port: u16, stub: &str, security: &str, extra: &str) -> String {
     let d = dir.display();
     format!(
         r#"server:
@@ -378,9 +382,7 @@ fn unbound_conf(dir: &Path, port: u16, stub: &str, extra: &str) -> String {
     so-reuseport: no
     do-not-query-localhost: no
     access-control: 127.0.0.0/8 allow
-    module-config: "iterator"
-    domain-insecure: "service.koder."
-    local-zone: "service.koder." transparent
+{security}    local-zone: "service.koder." transparent
 {extra}
 remote-control:
     control-enable: no
@@ -399,12 +401,26 @@ async fn start_unbound(koder: SocketAddr, extra: &str) -> Unbound {
 
 /// [`start_unbound`] with the stub zone's lines given.
 async fn start_unbound_with(stub: &str, extra: &str) -> Unbound {
+    start_unbound_conf(stub, INSECURE, extra).await
+}
+
+/// Starts unbound validating with the DNSKEYs of `anchors` (a zone file of DNSKEY lines, as
+/// `koder-dns dnssec dnskey` prints them), its `stub` lines and zone clauses given.
+pub(crate) async fn start_validating_unbound(stub: &str, anchors: &Path, extra: &str) -> Unbound {
+    let security = format!(
+        "    module-config: \"validator iterator\"\n    trust-anchor-file: \"{}\"\n    val-log-level: 2\n",
+        anchors.display()
+    );
+    start_unbound_conf(stub, &security, extra).await
+}
+
+async fn start_unbound_conf(stub: &str, security: &str, extra: &str) -> Unbound {
     let unbound = tool("unbound", "unbound");
     let checkconf = tool("unbound-checkconf", "unbound");
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let conf = dir.path().join("unbound.conf");
-    std::fs::write(&conf, unbound_conf(dir.path(), port, stub, extra)).unwrap();
+    std::fs::write(&conf, unbound_conf(dir.path(), port, stub, security, extra)).unwrap();
     let check = tokio::process::Command::new(checkconf)
         .arg(&conf)
         .output()

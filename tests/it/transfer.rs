@@ -466,16 +466,16 @@ use std::path::Path;
 use std::process::Stdio;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
+pub(crate) enum Kind {
     Knot,
     Nsd,
 }
 
 /// A secondary of the service zone, its primary koder-dns at `primary`.
-struct Secondary {
+pub(crate) struct Secondary {
     kind: Kind,
     child: tokio::process::Child,
-    addr: SocketAddr,
+    pub addr: SocketAddr,
     dir: tempfile::TempDir,
     log: std::path::PathBuf,
 }
@@ -488,7 +488,7 @@ impl Drop for Secondary {
 
 /// The secret a secondary signs its transfers with: ours, or another one.
 #[derive(Clone, Copy, PartialEq)]
-enum Signing {
+pub(crate) enum Signing {
     Unsigned,
     Key,
     WrongKey,
@@ -530,12 +530,15 @@ acl:
   - id: notify
     address: 127.0.0.1
     action: notify
+  - id: transfer
+    address: 127.0.0.1
+    action: transfer
 zone:
   - domain: service.koder.
     storage: "{d}"
     file: "service.koder.zone"
     master: primary
-    acl: notify
+    acl: [notify, transfer]
     zonefile-sync: -1
 "#
             )
@@ -562,13 +565,14 @@ zone:
     zonefile: "service.koder.zone"
     request-xfr: {pip}@{pport} {key}
     allow-notify: 127.0.0.1 NOKEY
+    provide-xfr: 127.0.0.1 NOKEY
 "#
             )
         }
     }
 }
 
-fn start_secondary(kind: Kind, port: u16, primary: SocketAddr, signing: Signing) -> Secondary {
+pub(crate) fn start_secondary(kind: Kind, port: u16, primary: SocketAddr, signing: Signing) -> Secondary {
     start_secondary_in(tempfile::tempdir().unwrap(), kind, port, primary, signing)
 }
 
@@ -605,7 +609,7 @@ fn start_secondary_in(
 }
 
 impl Secondary {
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
@@ -615,7 +619,7 @@ impl Secondary {
     }
 
     /// Waits until the secondary serves `serial`; returns how long that took.
-    async fn until_serial(&self, serial: u32, within: Duration) -> Duration {
+    pub(crate) async fn until_serial(&self, serial: u32, within: Duration) -> Duration {
         let started = Instant::now();
         loop {
             if self.serial().await == Some(serial) {
@@ -654,7 +658,7 @@ async fn rdata(server: SocketAddr, name: &str, rtype: &str) -> Vec<String> {
     out
 }
 
-fn primary_settings(c: &mut koder_dns::config::Config, notify: SocketAddr, signing: Signing) {
+pub(crate) fn primary_settings(c: &mut koder_dns::config::Config, notify: SocketAddr, signing: Signing) {
     if signing == Signing::Unsigned {
         c.allow_transfer = vec!["127.0.0.0/8".parse().unwrap()];
     }

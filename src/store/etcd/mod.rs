@@ -345,6 +345,19 @@ impl Backend for Etcd {
         Etcd::status(self)
     }
 
+    /// A transaction that puts the revision key alone: every node's watch moves its
+    /// revision to it.
+    async fn touch(&self) -> Result<(), StoreError> {
+        self.writable()?;
+        let op = self.changed();
+        self.call("touch the revision", |mut client| {
+            let txn = Txn::new().and_then([op.clone()]);
+            async move { client.txn(txn).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
     async fn close(&self) -> Result<(), String> {
         Etcd::close(self).await
     }

@@ -167,6 +167,12 @@ impl Backend for Redb {
         self.disk.status()
     }
 
+    /// The next revision, written with an empty commit (the file keeps the last revision).
+    async fn touch(&self) -> Result<(), StoreError> {
+        self.registry.touch();
+        self.disk.write(Vec::new()).await.map_err(StoreError::Unavailable)
+    }
+
     async fn close(&self) -> Result<(), String> {
         self.disk.close().await
     }
