@@ -49,7 +49,7 @@ fn bench(c: &mut Criterion) {
                 n = (n + 1) % total;
                 // What the REST route does: renew, and write the answer from the entry.
                 registry
-                    .heartbeat_with(&ids[n], |instance| serde_json::to_vec(instance).unwrap())
+                    .heartbeat_with(&ids[n], |_| true, |instance| serde_json::to_vec(instance).unwrap())
                     .unwrap()
             })
         });

@@ -8,13 +8,14 @@ use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
-use super::auth::{Authorized, audit};
+use super::auth::{Authorized, audit, forbidden};
 use super::body::JsonBody;
 use super::error::{ApiError, ErrorBody};
 use super::watch::{WatchParams, index_header};
 use crate::metrics;
 use crate::model::instance::Instance;
 use crate::registry::Filter;
+use crate::store::Renewal;
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RegisterResponse {
@@ -105,22 +106,25 @@ pub async fn heartbeat(
     JsonBody(body): JsonBody<IdBody>,
 ) -> Result<Response, ApiError> {
     let id = body.id()?;
-    // An unknown id goes on to its 410.
-    if !caller.key.may_write_all()
-        && let Some(service) = app.store.registry.service_of(&id)
-    {
-        caller.may_change(
-            &service,
-            format_args!("renew instance {id:?}, which belongs to service {service:?}"),
-        )?;
-    }
-    let json = app
+    let renewal = app
         .store
-        .heartbeat(&id, |instance| {
-            serde_json::to_vec(instance).expect("instances serialise")
-        })
+        .heartbeat(
+            &id,
+            |service| caller.key.may_write(service),
+            |instance| serde_json::to_vec(instance).expect("instances serialise"),
+        )
         .await
         .inspect_err(|_| metrics::heartbeat("unavailable"))?;
+    let json = match renewal {
+        Renewal::Renewed(json) => Some(json),
+        Renewal::Gone => None,
+        Renewal::Refused { service } => {
+            return Err(forbidden(
+                &caller.key,
+                format_args!("renew instance {id:?}, which belongs to service {service:?}"),
+            ));
+        }
+    };
     metrics::heartbeat(if json.is_some() { "ok" } else { "gone" });
     if json.is_some() {
         // A line per renewal would outnumber every other line by far (10,000 instances on

@@ -13,14 +13,23 @@ impl Registry {
     /// R3: renews a live lease. `None` when the id is unknown or its lease has run out, even
     /// if the reaper has not removed it yet: a heartbeat never resurrects a dead instance.
     pub fn heartbeat(&self, id: &str) -> Option<Instance> {
-        self.heartbeat_with(id, Instance::clone)
+        self.heartbeat_with(id, |_| true, Instance::clone)
     }
 
     /// [`Self::heartbeat`], handing the renewed instance to `f` under its entry's lock, so
-    /// that the REST answer is written without copying the instance first.
-    pub fn heartbeat_with<R>(&self, id: &str, f: impl FnOnce(&Instance) -> R) -> Option<R> {
+    /// that the REST answer is written without copying the instance first; `None` too when
+    /// `may` refuses the instance, which it sees before anything is renewed.
+    pub fn heartbeat_with<R>(
+        &self,
+        id: &str,
+        may: impl FnOnce(&Instance) -> bool,
+        f: impl FnOnce(&Instance) -> R,
+    ) -> Option<R> {
         let now = self.clock.now();
         let mut entry = self.instances.get_mut(id)?;
+        if !may(&entry.instance) {
+            return None;
+        }
         let Some(lapsed_unseen) = self.renewable(&entry, now) else {
             drop(entry);
             self.expired_seen.notify_one();

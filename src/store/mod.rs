@@ -21,6 +21,17 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use crate::model::instance::{Instance, Validated};
 use crate::registry::{Registered, Registry, RegistryError};
 
+/// What a heartbeat came to ([`Store::heartbeat`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Renewal<R> {
+    /// Renewed; what the caller made of the renewed instance.
+    Renewed(R),
+    /// The id is unknown or its lease has run out.
+    Gone,
+    /// The caller may not renew instances of this service; nothing was renewed.
+    Refused { service: compact_str::CompactString },
+}
+
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     #[error(transparent)]
@@ -70,11 +81,13 @@ pub trait Backend: Send + Sync {
     /// the registry shows it. `lock` serialises the changes of its id; hold it until then.
     async fn register(&self, new: Validated, lock: IdLock) -> Result<Registered, StoreError>;
 
-    /// R3: renews a live lease; `Ok(false)` when the id is unknown or its lease has run out.
+    /// R3: renews a live lease; `Ok(false)` when the id is unknown or its lease has run out,
+    /// or when `may` refuses the instance (asked before anything is renewed or written).
     /// `answer` sees the renewed instance, once, when the renewal is taken.
     async fn heartbeat(
         &self,
         id: &str,
+        may: &(dyn for<'i> Fn(&'i Instance) -> bool + Send + Sync),
         answer: &mut (dyn for<'i> FnMut(&'i Instance) + Send),
     ) -> Result<bool, StoreError>;
 
@@ -129,18 +142,31 @@ impl Store {
         self.backend.register(new, lock).await
     }
 
-    /// R3; `f` sees the renewed instance. `Ok(None)` when the id is unknown or its lease has
-    /// run out.
+    /// R3 for a caller that `may` renew instances of some services only; `f` sees the
+    /// renewed instance. The service is checked in the same lookup that renews, so a key
+    /// limited to its services costs no second lookup of the instance.
     pub async fn heartbeat<R: Send>(
         &self,
         id: &str,
+        may: impl Fn(&str) -> bool + Send + Sync,
         f: impl FnOnce(&Instance) -> R + Send,
-    ) -> Result<Option<R>, StoreError> {
+    ) -> Result<Renewal<R>, StoreError> {
+        let refused = parking_lot::Mutex::new(None);
+        let check = |instance: &Instance| {
+            may(&instance.name) || {
+                *refused.lock() = Some(instance.name.clone());
+                false
+            }
+        };
         let (mut f, mut out) = (Some(f), None);
         self.backend
-            .heartbeat(id, &mut |instance| out = f.take().map(|f| f(instance)))
+            .heartbeat(id, &check, &mut |instance| out = f.take().map(|f| f(instance)))
             .await?;
-        Ok(out)
+        Ok(match (out, refused.into_inner()) {
+            (Some(out), _) => Renewal::Renewed(out),
+            (None, Some(service)) => Renewal::Refused { service },
+            (None, None) => Renewal::Gone,
+        })
     }
 
     /// R4; true when a live instance was removed.

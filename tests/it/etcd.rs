@@ -1144,6 +1144,66 @@ async fn heartbeats_on_one_node_keep_the_instance_alive_on_every_node() {
     }
 }
 
+/// A key limited to its services renews their instances on a cluster node, and is refused
+/// (403 naming the service) another service's, which is then not renewed: the check is made
+/// in the renewal's own lookup, on etcd as on redb (tests/it/access.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd (tests/run.sh installs etcd-server)"]
+async fn a_scoped_key_renews_only_its_services_instances_on_a_cluster_node() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = koder_dns::access::new_token().unwrap();
+    let pattern = koder_dns::access::Pattern::parse("voice").unwrap();
+    let keys = dir.path().join("keys.toml");
+    let table = koder_dns::access::file_entry("voice-agent", &token, koder_dns::access::Scope::Register, &[pattern]);
+    std::fs::write(&keys, table).unwrap();
+    let endpoints = cluster.endpoints();
+    let mut args = node_args(&endpoints, "/scoped/");
+    args.extend(["--keys-file", keys.to_str().unwrap()]);
+    let node = launch_ok(&dir.path().join("n"), &args).await;
+    let client = client();
+    for (id, service) in [("voice-1", "voice"), ("db-1", "db")] {
+        let (status, body) = post(
+            &client,
+            &node,
+            "/services/register",
+            &instance(id, service, 0, 60 * SECOND),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let updated_at = |listed: &BTreeMap<String, Value>, id: &str| listed[id]["updated_at"].clone();
+    let before = listed(&client, &node).await;
+    let beat = async |id: &str| {
+        let response = client
+            .post(format!("{}/api/v1/services/heartbeat", node.base()))
+            .header("X-API-Key", &token)
+            .json(&json!({ "id": id }))
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.json::<Value>().await.unwrap())
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (status, body) = beat("voice-1").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = beat("db-1").await;
+    assert_eq!(status, 403, "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("\"voice-agent\"") && message.contains("service \"db\""),
+        "{message}"
+    );
+    let after = listed(&client, &node).await;
+    assert_ne!(updated_at(&after, "voice-1"), updated_at(&before, "voice-1"), "renewed");
+    assert_eq!(
+        updated_at(&after, "db-1"),
+        updated_at(&before, "db-1"),
+        "a refused heartbeat renewed"
+    );
+}
+
 /// The history checker: clients each own a few ids and change them (register, deregister,
 /// re-register) and heart-beat them through random nodes while a koder-dns node is killed
 /// and an etcd member is killed; every acknowledged operation is then checked against the

@@ -324,9 +324,10 @@ impl Backend for Etcd {
     async fn heartbeat(
         &self,
         id: &str,
+        may: &(dyn for<'i> Fn(&'i Instance) -> bool + Send + Sync),
         answer: &mut (dyn for<'i> FnMut(&'i Instance) + Send),
     ) -> Result<bool, StoreError> {
-        Etcd::heartbeat(self, id, answer).await
+        Etcd::heartbeat(self, id, may, answer).await
     }
 
     async fn deregister(&self, id: &str) -> Result<bool, StoreError> {

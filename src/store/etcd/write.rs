@@ -72,6 +72,7 @@ impl Etcd {
     pub(super) async fn heartbeat(
         &self,
         id: &str,
+        may: &(dyn for<'i> Fn(&'i Instance) -> bool + Send + Sync),
         answer: &mut (dyn for<'i> FnMut(&'i Instance) + Send),
     ) -> Result<bool, StoreError> {
         self.writable()?;
@@ -83,6 +84,9 @@ impl Etcd {
             let Some((instance, confirms)) = self.registry.renewal(id) else {
                 return Ok(false);
             };
+            if !may(&instance) {
+                return Ok(false);
+            }
             match self.put(instance, known, confirms, true).await? {
                 Outcome::Taken(stored) => {
                     answer(&stored);

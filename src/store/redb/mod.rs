@@ -138,9 +138,13 @@ impl Backend for Redb {
     async fn heartbeat(
         &self,
         id: &str,
+        may: &(dyn for<'i> Fn(&'i Instance) -> bool + Send + Sync),
         answer: &mut (dyn for<'i> FnMut(&'i Instance) + Send),
     ) -> Result<bool, StoreError> {
-        Ok(self.registry.heartbeat_with(id, |instance| answer(instance)).is_some())
+        Ok(self
+            .registry
+            .heartbeat_with(id, may, |instance| answer(instance))
+            .is_some())
     }
 
     async fn deregister(&self, id: &str) -> Result<bool, StoreError> {
