@@ -33,6 +33,9 @@
 #                     serving a query here. "hickory" adds hickory-server's own Server with a
 #                     handler that does nothing (benches/hickory_ceiling.rs), the framework's
 #                     ceiling. Neither is in the "fastest peer" ratio or the answer check
+#   NULL_PAD=0        bytes of zeros the null responder adds after the question (240 makes its
+#                     replies as long as koder-dns's answers to the default mix, 285 bytes on
+#                     average): the same kernel cost per reply on both sides
 #   NSD_MINIMAL=no    NSD minimal-responses (no = NSD default: adds NS + glue)
 #   KODER_DNS_BIN     koder-dns binary (default: cargo build --release in the repo)
 #   SKIP_BUILD=1      do not run cargo build
@@ -60,6 +63,7 @@ DNSPERF_MODE="${DNSPERF_MODE:-udp}"
 DNSPERF_TIMEOUT="${DNSPERF_TIMEOUT:-2}"
 PEERS="${PEERS-nsd knot null}"
 FIXED_QPS="${FIXED_QPS:-100000}"
+NULL_PAD="${NULL_PAD:-0}"
 export NSD_MINIMAL="${NSD_MINIMAL:-no}"
 DOMAIN=service.koder
 
@@ -122,7 +126,7 @@ for p in $PEERS; do
             PID[knot]="$KNOT_PID"
             ;;
         null)
-            start_example null-responder "${PORT[null]}"
+            start_example null-responder "${PORT[null]}" "$NULL_PAD"
             PID[null]="$EXAMPLE_PID"
             ;;
         hickory)

@@ -7,7 +7,9 @@
 //! QPS and answers per server core-second against it: what is left to win is the lookup,
 //! the answer and koder-dns's bookkeeping, not the kernel's part.
 //!
-//! Usage: `null-responder ADDR:PORT THREADS`; serves until killed.
+//! Usage: `null-responder ADDR:PORT THREADS [PAD]`; serves until killed. `PAD` bytes of zeros
+//! after the question make each UDP reply as long as a real answer (`NULL_PAD` in
+//! dns-compare.sh), so that what the kernel spends on a reply's size is on both sides.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -20,10 +22,11 @@ const BATCH: usize = 32;
 /// Room for one query: a longer one is truncated by the kernel and then ignored.
 const MAX_QUERY: usize = 512;
 
-/// Turns a query into its reply in place; returns the reply's length, or `None` for a
-/// datagram that is not a query with one well-formed question (it gets no reply).
-fn reply_in_place(msg: &mut [u8]) -> Option<usize> {
-    if msg.len() < 12 || msg[2] & 0x80 != 0 || msg[4..6] != [0, 1] {
+/// Turns a query (the first `len` bytes of `msg`) into its reply in place, `pad` zero bytes
+/// after the question; returns the reply's length, or `None` for a datagram that is not a
+/// query with one well-formed question (it gets no reply).
+fn reply_in_place(msg: &mut [u8], len: usize, pad: usize) -> Option<usize> {
+    if len < 12 || msg[2] & 0x80 != 0 || msg[4..6] != [0, 1] {
         return None;
     }
     let mut at = 12;
@@ -38,17 +41,18 @@ fn reply_in_place(msg: &mut [u8]) -> Option<usize> {
         at += 1 + len;
     }
     let end = at + 1 + 4;
-    if end > msg.len() {
+    if end > len || end + pad > msg.len() {
         return None;
     }
     // QR and AA, opcode and RD kept; RA, Z, AD, CD and the rcode cleared; one question.
     msg[2] = 0x80 | (msg[2] & 0x79) | 0x04;
     msg[3] = 0;
     msg[6..12].fill(0);
-    Some(end)
+    msg[end..end + pad].fill(0);
+    Some(end + pad)
 }
 
-fn serve_udp(socket: std::net::UdpSocket) -> std::io::Result<()> {
+fn serve_udp(socket: std::net::UdpSocket, pad: usize) -> std::io::Result<()> {
     let fd = socket.as_raw_fd();
     let mut buffers = vec![[0u8; MAX_QUERY]; BATCH];
     // SAFETY: all-zero bytes are valid values of these plain C structs.
@@ -91,7 +95,7 @@ fn serve_udp(socket: std::net::UdpSocket) -> std::io::Result<()> {
         let mut out = 0;
         for i in 0..n as usize {
             let len = headers[i].msg_len as usize;
-            if let Some(reply) = reply_in_place(&mut buffers[i][..len]) {
+            if let Some(reply) = reply_in_place(&mut buffers[i], len, pad) {
                 lens[out] = reply;
                 if out != i {
                     buffers.swap(out, i);
@@ -133,7 +137,7 @@ fn serve_tcp(mut stream: TcpStream) {
         if stream.read_exact(&mut buffer[2..2 + len]).is_err() {
             return;
         }
-        let Some(reply) = reply_in_place(&mut buffer[2..2 + len]) else {
+        let Some(reply) = reply_in_place(&mut buffer[2..], len, 0) else {
             return;
         };
         buffer[..2].copy_from_slice(&(reply as u16).to_be_bytes());
@@ -146,17 +150,18 @@ fn serve_tcp(mut stream: TcpStream) {
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let (Some(addr), Some(threads)) = (args.next(), args.next()) else {
-        anyhow::bail!("usage: null-responder ADDR:PORT THREADS (e.g. 127.0.0.1:5300 2)");
+        anyhow::bail!("usage: null-responder ADDR:PORT THREADS [PAD] (e.g. 127.0.0.1:5300 2)");
     };
     let addr: SocketAddr = addr.parse()?;
     let threads: usize = threads.parse()?;
+    let pad: usize = args.next().map_or(Ok(0), |p| p.parse())?;
     let mut workers = Vec::new();
     for _ in 0..threads.max(1) {
         let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
         socket.set_reuse_port(true)?;
         socket.bind(&addr.into())?;
         let socket: std::net::UdpSocket = socket.into();
-        workers.push(std::thread::spawn(move || serve_udp(socket)));
+        workers.push(std::thread::spawn(move || serve_udp(socket, pad)));
     }
     let listener = TcpListener::bind(addr)?;
     std::thread::spawn(move || {

@@ -113,10 +113,11 @@ EOF
     wait_dns "$port" "$domain." 20 || { cat "$dir/stdout.log" >&2; die "Knot did not answer on :$port"; }
 }
 
-# start_example NAME PORT -> sets EXAMPLE_PID: one of the repository's examples that serves DNS
-# as `NAME ADDR:PORT THREADS`, built in release unless SKIP_BUILD=1.
+# start_example NAME PORT [ARG...] -> sets EXAMPLE_PID: one of the repository's examples that
+# serves DNS as `NAME ADDR:PORT THREADS [ARG...]`, built in release unless SKIP_BUILD=1.
 start_example() {
     local name="$1" port="$2" dir="$BENCH_TMP/$1" bin="$REPO_ROOT/target/release/examples/$1"
+    shift 2
     mkdir -p "$dir"
     if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
         log "cargo build --release --example $name"
@@ -125,7 +126,7 @@ start_example() {
     fi
     [[ -x "$bin" ]] || die "no binary at $bin (cargo build --release --example $name)"
     log "starting $name ($THREADS sockets and workers) on :$port"
-    "$bin" "$BENCH_HOST:$port" "$THREADS" >"$dir/log" 2>&1 &
+    "$bin" "$BENCH_HOST:$port" "$THREADS" "$@" >"$dir/log" 2>&1 &
     EXAMPLE_PID=$!
     track_pid "$EXAMPLE_PID"
     wait_dns "$port" "ceiling.example." 20 || { cat "$dir/log" >&2; die "$name did not answer on :$port"; }
