@@ -28,10 +28,6 @@ const TSIG_ROOM: usize = 360;
 #[derive(Clone)]
 struct Reply {
     limit: u16,
-    /// The OPT record every reply to an EDNS request carries, whoever built the rest: the
-    /// static zones' handler (hickory's `Catalog`) writes one of its own, without our
-    /// payload size, NSID or server cookie.
-    edns: Option<Arc<Edns>>,
     bytes: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
@@ -48,15 +44,6 @@ impl ResponseHandler for Reply {
             impl Iterator<Item = &'a Record> + Send + 'a,
         >,
     ) -> Result<ResponseInfo, NetError> {
-        let edns = self.edns.clone();
-        // Moved to a binding of its own so that its borrow of the request's OPT record may
-        // shorten to this function's (the type is covariant in it) and take ours instead.
-        let mut response = response;
-        if let Some(edns) = &edns
-            && response.edns().is_some()
-        {
-            response.set_edns(edns);
-        }
         let mut bytes = Vec::with_capacity(512);
         let mut encoder = BinEncoder::new(&mut bytes);
         encoder.set_max_size(self.limit);
@@ -266,7 +253,6 @@ pub async fn handle_full(
             let limit = limit - if signing.is_some() { TSIG_ROOM } else { 0 };
             let reply = Reply {
                 limit: limit as u16,
-                edns: edns.map(Arc::new),
                 bytes: Arc::default(),
             };
             authority.handle_request::<_, TokioTime>(&request, reply.clone()).await;

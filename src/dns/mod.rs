@@ -455,6 +455,40 @@ fn denial_code(code: ResponseCode, compact_ok: bool) -> ResponseCode {
     }
 }
 
+/// A response handler that puts our OPT record (payload size, NSID, server cookie) on a
+/// response hickory's `Catalog` built for a static zone, in place of its own, so that every
+/// reply to an EDNS request carries the same OPT whichever zone answered.
+#[derive(Clone)]
+struct WithOpt<R> {
+    inner: R,
+    edns: Option<Edns>,
+}
+
+#[async_trait::async_trait]
+impl<R: ResponseHandler> ResponseHandler for WithOpt<R> {
+    async fn send_response<'a>(
+        &mut self,
+        response: hickory_server::zone_handler::MessageResponse<
+            '_,
+            'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+        >,
+    ) -> Result<ResponseInfo, hickory_server::net::NetError> {
+        // Moved to a binding of its own so that its borrow of the request's OPT record may
+        // shorten to this call's (the type is covariant in it) and take ours instead.
+        let mut response = response;
+        if let Some(edns) = &self.edns
+            && response.edns().is_some()
+        {
+            response.set_edns(edns);
+        }
+        self.inner.send_response(response).await
+    }
+}
+
 #[async_trait::async_trait]
 impl RequestHandler for Authority {
     async fn handle_request<R: ResponseHandler, T: Time>(&self, request: &Request, response: R) -> ResponseInfo {
@@ -511,7 +545,11 @@ impl RequestHandler for Authority {
         if !in_service_zone {
             let static_zones = this.static_zones.load_full();
             if static_zones.catalog.find(query.name()).is_some() {
-                return static_zones.catalog.handle_request::<R, T>(request, response).await;
+                let response = WithOpt {
+                    inner: response,
+                    edns: resp_edns,
+                };
+                return static_zones.catalog.handle_request::<_, T>(request, response).await;
             }
         }
         // IXFR over UDP: the current SOA alone, to those who may transfer (RFC 1995 §2).
