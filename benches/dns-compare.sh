@@ -182,10 +182,6 @@ run_dnsperf() {
     echo "udp_rcvbuf_errors $((d1 - d0))" >>"$out"
 }
 
-field() { # field OUTFILE REGEX -> first number after the label
-    sed -n "s/^ *$2 *\([0-9.]*\).*/\1/p" "$1" | head -n1
-}
-
 if [[ $WARMUP -gt 0 ]]; then
     for s in "${SERVERS[@]}"; do
         log "warm-up $s (${WARMUP}s)"
@@ -207,10 +203,10 @@ for load in "${LOADS[@]}"; do
             if ((load > 0)); then at="$load qps"; else at=saturation; fi
             log "round $r/$ROUNDS at $at: $s (${DURATION}s)"
             run_dnsperf "$s" "$DURATION" "$out" "$load"
-            qps="$(field "$out" 'Queries per second:')"
-            lat="$(field "$out" 'Average Latency (s):')"
-            sent="$(field "$out" 'Queries sent:')"
-            lost="$(field "$out" 'Queries lost:')"
+            qps="$(dnsperf_field "$out" 'Queries per second:')"
+            lat="$(dnsperf_field "$out" 'Average Latency (s):')"
+            sent="$(dnsperf_field "$out" 'Queries sent:')"
+            lost="$(dnsperf_field "$out" 'Queries lost:')"
             rsize="$(sed -n 's/.*response \([0-9]*\).*/\1/p' "$out" | head -n1)"
             nx="$(sed -n 's/.*NXDOMAIN [0-9]* (\([0-9.]*\)%).*/\1/p' "$out" | head -n1)"
             ticks="$(awk '/^server_cpu_ticks/ {print $2}' "$out")"

@@ -86,7 +86,6 @@ run_dnsperf() { # TARGET SECONDS OUTFILE
     t1="$(cpu_ticks "${PID[$s]}")"
     echo "server_cpu_ticks $((t1 - t0))" >>"$out"
 }
-field() { sed -n "s/^ *$2 *\([0-9.]*\).*/\1/p" "$1" | head -n1; }
 
 for s in "${TARGETS[@]}"; do
     log "warm-up $s (${WARMUP}s)"
@@ -102,8 +101,8 @@ for ((r = 1; r <= ROUNDS; r++)); do
         log "round $r/$ROUNDS: $s (${DURATION}s)"
         run_dnsperf "$s" "$DURATION" "$out"
         rsize="$(sed -n 's/.*response \([0-9]*\).*/\1/p' "$out" | head -n1)"
-        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$r" "$(field "$out" 'Queries per second:')" \
-            "$(field "$out" 'Queries lost:')" "${rsize:-0}" "$(awk '/^server_cpu_ticks/ {print $2}' "$out")" >>"$RESULTS"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$s" "$r" "$(dnsperf_field "$out" 'Queries per second:')" \
+            "$(dnsperf_field "$out" 'Queries lost:')" "${rsize:-0}" "$(awk '/^server_cpu_ticks/ {print $2}' "$out")" >>"$RESULTS"
     done
 done
 stop_pid "${PID[knot]}"

@@ -121,7 +121,7 @@ dnsperf_run() {
     "${ON_LOAD[@]}" dnsperf -s "$BENCH_HOST" -p "$port" -m "$mode" -d "$IN/queries.txt" -l "$DURATION" \
         -c "$CLIENTS" -q "$OUTSTANDING" -t 2 >"$out" 2>&1 || { cat "$out" >&2; die "dnsperf $name failed"; }
     t1="$(cpu_ticks "$pid")"
-    qps="$(awk '/Queries per second:/ {print $4}' "$out")"
+    qps="$(dnsperf_field "$out" 'Queries per second:')"
     [[ -n $qps ]] || { cat "$out" >&2; die "no QPS from dnsperf $name"; }
     printf '%s\trequests=%s duration_us=%s lat_mean_us=0\tcpu_ticks=%s\n' \
         "$name" "$(awk '/Queries completed:/ {print $3}' "$out")" "$((DURATION * 1000000))" "$((t1 - t0))" >>"$RESULTS"

@@ -211,6 +211,12 @@ start_koder() {
     kill -0 "$KODER_PID" 2>/dev/null || die "koder-dns exited (see $dir/log)"
 }
 
+# dnsperf_field OUTFILE LABEL -> the first number after LABEL in dnsperf's report
+# (e.g. 'Queries per second:').
+dnsperf_field() {
+    sed -n "s/^ *$2 *\([0-9.]*\).*/\1/p" "$1" | head -n1
+}
+
 # ---------------------------------------------------------------- /proc
 
 # cpu_ticks PID: utime+stime (clock ticks) of PID and all of its descendants.
