@@ -182,7 +182,13 @@ impl Signer {
                     key_tag: self.key.key_tag(),
                     signer_name: self.origin.clone(),
                 };
-                let tbs = TBS::from_input(&first.name, DNSClass::IN, &input, rrset.iter().copied()).ok()?;
+                // Two instances with one target and port give two equal SRV records; the
+                // canonical RRset that validators check a signature against holds one (RFC
+                // 4034 §6.3), as `content_key` does, but hickory's TBS keeps every record given.
+                let mut canonical = rrset.to_vec();
+                canonical.sort_by(|a, b| a.data.cmp(&b.data));
+                canonical.dedup_by(|a, b| a.data == b.data);
+                let tbs = TBS::from_input(&first.name, DNSClass::IN, &input, canonical.into_iter()).ok()?;
                 let signature = self.key.sign(&tbs).ok()?;
                 self.made.fetch_add(1, Ordering::Relaxed);
                 let rrsig = RRSIG::from_sig(input, signature);

@@ -124,7 +124,12 @@ pub(crate) fn assert_verifies(reply: &Message, key: &DNSKEY, what: &str) {
                 let RData::DNSSEC(DNSSECRData::RRSIG(rrsig)) = &sig.data else {
                     unreachable!()
                 };
-                key.verify_rrsig(&first.name, first.dns_class, rrsig, set.iter().copied())
+                // The RRset a validator checks is canonical (RFC 4034 §6.3): equal records once,
+                // which hickory's verifier leaves to its caller.
+                let mut canonical = set.clone();
+                canonical.sort_by(|a, b| a.data.cmp(&b.data));
+                canonical.dedup_by(|a, b| a.data == b.data);
+                key.verify_rrsig(&first.name, first.dns_class, rrsig, canonical.into_iter())
                     .unwrap_or_else(|e| {
                         panic!(
                             "{what}: {} {} does not verify: {e}\n{reply}",
@@ -604,6 +609,13 @@ async fn unbound_and_delv_validate_answers_denials_and_changes() {
     server
         .register(json!({"name": "voice", "id": "v1", "address": "10.0.0.1", "port": 5060, "metadata": {"k": "v"}}))
         .await;
+    // Two instances at one address and port: the SRV and A RRsets hold two equal records,
+    // which a validator counts once (RFC 4034 §6.3), and so must the signature.
+    for id in ["t1", "t2"] {
+        server
+            .register(json!({"name": "twin", "id": id, "address": "10.0.0.3", "port": 5060}))
+            .await;
+    }
     // A second zone signed with another key than its trust anchor says: SERVFAIL.
     let other = signed(|c| c.domain = "bad.koder".into()).await;
     other
@@ -629,6 +641,8 @@ async fn unbound_and_delv_validate_answers_denials_and_changes() {
         ("SRV", "_voice._tcp.service.koder"),
         ("A", "voice.service.koder"),
         ("TXT", "voice.service.koder"),
+        ("SRV", "_twin._tcp.service.koder"),
+        ("A", "twin.service.koder"),
         ("A", "0a000001.addr.service.koder"),
         ("SOA", "service.koder"),
     ] {
