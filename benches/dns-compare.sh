@@ -173,7 +173,7 @@ run_dnsperf() {
     ((qps > 0)) && limit=(-Q "$qps")
     d0="$(udp_rcvbuf_errors)"
     t0="$(cpu_ticks "${PID[$s]}")"
-    dnsperf -s "$BENCH_HOST" -p "${PORT[$s]}" -m "$DNSPERF_MODE" -d "$IN/queries.txt" \
+    "${ON_LOAD[@]}" dnsperf -s "$BENCH_HOST" -p "${PORT[$s]}" -m "$DNSPERF_MODE" -d "$IN/queries.txt" \
         -l "$secs" -c "$CLIENTS" -q "$OUTSTANDING" -T "$DNSPERF_THREADS" -t "$DNSPERF_TIMEOUT" "${limit[@]}" >"$out" 2>&1 \
         || { cat "$out" >&2; die "dnsperf against $s failed"; }
     t1="$(cpu_ticks "${PID[$s]}")"

@@ -81,7 +81,7 @@ run_dnsperf() { # TARGET SECONDS OUTFILE
     local s="$1" secs="$2" out="$3" t0 t1
     t0="$(cpu_ticks "${PID[$s]}")"
     # shellcheck disable=SC2086
-    dnsperf -s "$BENCH_HOST" -p "${PORT[$s]}" -d "$IN/queries.txt" ${DO[$s]} \
+    "${ON_LOAD[@]}" dnsperf -s "$BENCH_HOST" -p "${PORT[$s]}" -d "$IN/queries.txt" ${DO[$s]} \
         -l "$secs" -c "$CLIENTS" -q "$OUTSTANDING" -t 2 >"$out" 2>&1 || { cat "$out" >&2; die "dnsperf against $s failed"; }
     t1="$(cpu_ticks "${PID[$s]}")"
     echo "server_cpu_ticks $((t1 - t0))" >>"$out"

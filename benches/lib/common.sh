@@ -230,7 +230,9 @@ rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 hwm_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$1/status"; }
 
 machine_note() {
-    echo "machine: $(nproc) cores (${BUSY_PCT}% busy before start), $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo); load generators run on the SAME cores as the servers, so figures are lower bounds and noisy"
+    local placement="load generators run on the SAME cores as the servers, so figures are lower bounds and noisy"
+    [[ "${PIN:-0}" == 1 ]] && placement="PIN=1: servers on CPU 0, load generators on CPU 1"
+    echo "machine: $(nproc) cores (${BUSY_PCT}% busy before start), $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo); $placement"
 }
 
 # udp_rcvbuf_errors: the kernel's UDP RcvbufErrors counter (whole machine).

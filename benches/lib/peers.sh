@@ -48,7 +48,7 @@ zone:
 EOF
     nsd-checkconf "$dir/nsd.conf" || die "nsd-checkconf failed ($dir/nsd.conf)"
     log "starting NSD (server-count $THREADS) on :$port"
-    nsd -d -c "$dir/nsd.conf" >"$dir/stdout.log" 2>&1 &
+    "${ON_SERVER[@]}" nsd -d -c "$dir/nsd.conf" >"$dir/stdout.log" 2>&1 &
     NSD_PID=$!
     track_pid "$NSD_PID"
     wait_dns "$port" "$domain." 20 || { cat "$dir"/*.log >&2; die "NSD did not answer on :$port"; }
@@ -107,7 +107,7 @@ ${signing}
 EOF
     knotc -c "$dir/knot.conf" conf-check >/dev/null || die "knot conf-check failed ($dir/knot.conf)"
     log "starting Knot DNS (udp/tcp-workers $THREADS) on :$port"
-    knotd -c "$dir/knot.conf" >"$dir/stdout.log" 2>&1 &
+    "${ON_SERVER[@]}" knotd -c "$dir/knot.conf" >"$dir/stdout.log" 2>&1 &
     KNOT_PID=$!
     track_pid "$KNOT_PID"
     wait_dns "$port" "$domain." 20 || { cat "$dir/stdout.log" >&2; die "Knot did not answer on :$port"; }
@@ -126,7 +126,7 @@ start_example() {
     fi
     [[ -x "$bin" ]] || die "no binary at $bin (cargo build --release --example $name)"
     log "starting $name ($THREADS sockets and workers) on :$port"
-    "$bin" "$BENCH_HOST:$port" "$THREADS" "$@" >"$dir/log" 2>&1 &
+    "${ON_SERVER[@]}" "$bin" "$BENCH_HOST:$port" "$THREADS" "$@" >"$dir/log" 2>&1 &
     EXAMPLE_PID=$!
     track_pid "$EXAMPLE_PID"
     wait_dns "$port" "ceiling.example." 20 || { cat "$dir/log" >&2; die "$name did not answer on :$port"; }
