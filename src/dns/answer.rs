@@ -9,6 +9,7 @@ use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::rdata::HINFO;
 use hickory_proto::rr::{LowerName, Name, RData, Record, RecordType};
 
+use super::message::Below;
 use crate::model::clock::Nanos;
 use crate::registry::Registry;
 use crate::registry::lease::{Lease, NEVER};
@@ -368,9 +369,9 @@ impl ZoneAnswerer {
     /// `qname` is a service name with instances that DNS may hand out (a NODATA answer is
     /// prepared too, without records); `signed` for the one with RRSIGs (a DO query to a
     /// signed zone). Everything else takes [`Self::answer`].
-    pub fn prepared<R>(
+    pub(super) fn prepared<R>(
         &self,
-        qname: &LowerName,
+        qname: &Below<'_>,
         qtype: RecordType,
         signed: bool,
         f: impl FnOnce(&Prepared) -> R,
@@ -378,8 +379,8 @@ impl ZoneAnswerer {
         if !service_types(qtype) || qtype == RecordType::ANY {
             return None;
         }
-        let mut labels = qname.iter();
-        let (service, protocol) = match self.registry.zone().depth(qname) {
+        let mut labels = qname.labels();
+        let (service, protocol) = match qname.depth() {
             1 => (labels.next()?, None),
             2 => (
                 labels.next()?.strip_prefix(b"_")?,
@@ -401,7 +402,7 @@ impl ZoneAnswerer {
         // Built outside the map's lock, which registrations need.
         let view = self.registry.view(service)?;
         let signer = self.signer.as_deref().filter(|_| signed);
-        let prepared = Arc::new(self.prepare(&view, qname, qtype, protocol, signer, now)?);
+        let prepared = Arc::new(self.prepare(&view, &qname.lower_name(), qtype, protocol, signer, now)?);
         view.prepared.keep(qtype, protocol, signed, prepared.clone());
         Some(f(&prepared))
     }

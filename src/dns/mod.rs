@@ -384,13 +384,15 @@ impl Authority {
     fn write_prepared(&self, question: &Question<'_>, src: SocketAddr, protocol: Protocol, out: &mut Vec<u8>) -> bool {
         let Question {
             metadata,
-            query,
+            name,
+            qtype,
+            qclass,
             raw,
             edns,
         } = question;
-        let qtype = query.query_type();
+        let qtype = *qtype;
         if metadata.op_code != OpCode::Query
-            || !answered_as_in(query.query_class())
+            || !answered_as_in(*qclass)
             || matches!(qtype, RecordType::AXFR | RecordType::IXFR | NXNAME)
             || edns.is_some_and(|e| e.version > 0 || e.nsid || e.cookie == Some(None))
         {
@@ -399,21 +401,20 @@ impl Authority {
         let Zones {
             zone, soa_tail, wire, ..
         } = &*self.0;
-        let name = LowerName::new(query.name());
-        if !zone.registry.zone().origin_lower.zone_of(&name) {
+        let Some(below) = name.below(&zone.registry.zone().origin_wire) else {
             return false;
-        }
+        };
         let limit = response_limit(protocol, edns.map(|e| e.max_payload), wire.udp_max_payload);
         let opt = self.reply_opt(*edns, src);
         let signer = zone.signer.as_deref().filter(|_| opt.is_some_and(|o| o.dnssec_ok));
-        let code = match zone.prepared(&name, qtype, signer.is_some(), |p| {
+        let code = match zone.prepared(&below, qtype, signer.is_some(), |p| {
             (!p.is_empty()).then(|| p.write(metadata, raw, opt, limit, out))
         }) {
             Some(Some(written)) => return written,
             Some(None) => ResponseCode::NoError,
             // Told without building the records: those that have some are built once, by
             // the full path.
-            None => match zone.negative(&name, qtype) {
+            None => match zone.negative(&below.lower_name(), qtype) {
                 Some(code) => code,
                 None => return false,
             },
@@ -431,6 +432,7 @@ impl Authority {
         };
         // Compact denial: the name's own NSEC, made once per name and kept.
         let now = zone.registry.now();
+        let name = below.lower_name();
         let Some(denial) = signer.denial_bytes(&name, zone.types_at(&name).as_deref(), zone.negative_ttl, now) else {
             return false;
         };

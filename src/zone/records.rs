@@ -20,6 +20,9 @@ pub const NS_TTL: u32 = 3600;
 pub struct ZoneNames {
     pub origin: Name,
     pub origin_lower: LowerName,
+    /// The origin in lower case as it is on the wire, which the fast path matches the
+    /// question's name against.
+    pub origin_wire: Box<[u8]>,
     /// `addr.<origin>`: parent of the synthesised address names of SRV targets.
     pub addr: Name,
     /// `ns.<origin>`: the zone's name server.
@@ -66,8 +69,14 @@ impl ZoneNames {
         Label::from_raw_bytes(&[b'0'; 32]).and_then(|l| addr.prepend_label(l)).map_err(|_| {
             format!("{domain:?} is too long: <32 hex digits>.addr.{domain} would exceed 255 bytes; choose a shorter --domain")
         })?;
+        let origin_wire = origin
+            .iter()
+            .flat_map(|label| std::iter::once(label.len() as u8).chain(label.iter().copied()))
+            .chain([0])
+            .collect();
         Ok(Self {
             origin_lower: LowerName::new(&origin),
+            origin_wire,
             addr,
             ns: child("ns")?,
             hostmaster: child("hostmaster")?,
