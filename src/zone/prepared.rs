@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 use compact_str::CompactString;
-use hickory_proto::op::{Header, HeaderCounts, Metadata, Query, ResponseCode};
+use hickory_proto::op::{HeaderCounts, MessageType, Metadata, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use hickory_proto::serialize::binary::{BinEncodable, BinEncoder, NameEncoding};
 
@@ -64,7 +64,7 @@ impl Opt {
 
     /// The record written out: root owner, type OPT, the payload as class, extended
     /// RCODE 0, version 0, the DO and CO flags, and the COOKIE option if any.
-    fn emit(self, encoder: &mut BinEncoder<'_>) -> Result<(), hickory_proto::ProtoError> {
+    fn write(self, out: &mut Vec<u8>) {
         let [p0, p1] = self.max_payload.to_be_bytes();
         let flags = match (self.dnssec_ok, self.compact_ok) {
             (true, true) => 0xc0,
@@ -72,13 +72,10 @@ impl Opt {
             _ => 0,
         };
         let [l0, l1] = ((self.len() - OPT_LEN) as u16).to_be_bytes();
-        encoder.emit_vec(&[0, 0, 41, p0, p1, 0, 0, flags, 0, l0, l1])?;
-        match self.cookie {
-            Some(cookie) => {
-                encoder.emit_vec(&[0, 10, 0, COOKIE_LEN as u8])?;
-                encoder.emit_vec(&cookie)
-            }
-            None => Ok(()),
+        out.extend_from_slice(&[0, 0, 41, p0, p1, 0, 0, flags, 0, l0, l1]);
+        if let Some(cookie) = self.cookie {
+            out.extend_from_slice(&[0, 10, 0, COOKIE_LEN as u8]);
+            out.extend_from_slice(&cookie);
         }
     }
 }
@@ -88,19 +85,37 @@ fn opt_len(edns: Option<Opt>) -> usize {
     edns.map_or(0, Opt::len)
 }
 
+/// A response header on the wire, as hickory's `Header::emit` writes it (a test holds
+/// them equal), written by hand: through hickory's encoder, one bounds-checked byte at a
+/// time, it was a tenth of koder-dns's own CPU on a UDP worker at 100k queries/s (perf).
+fn header_bytes(metadata: &Metadata, counts: HeaderCounts) -> [u8; 12] {
+    let [i0, i1] = metadata.id.to_be_bytes();
+    let bit = |on: bool, bit: u8| if on { bit } else { 0 };
+    let first = bit(metadata.message_type == MessageType::Response, 0x80)
+        | u8::from(metadata.op_code) << 3
+        | bit(metadata.authoritative, 0x04)
+        | bit(metadata.truncation, 0x02)
+        | bit(metadata.recursion_desired, 0x01);
+    let second = bit(metadata.recursion_available, 0x80)
+        | bit(metadata.authentic_data, 0x20)
+        | bit(metadata.checking_disabled, 0x10)
+        | metadata.response_code.low();
+    let [q0, q1] = counts.queries.to_be_bytes();
+    let [a0, a1] = counts.answers.to_be_bytes();
+    let [n0, n1] = counts.authorities.to_be_bytes();
+    let [d0, d1] = counts.additionals.to_be_bytes();
+    [i0, i1, first, second, q0, q1, a0, a1, n0, n1, d0, d1]
+}
+
 /// `out` holds a response with room for the header and the question at its start: writes
 /// them for `metadata` and `counts`, and appends the OPT record when `edns`.
-fn finish(out: &mut Vec<u8>, metadata: Metadata, mut counts: HeaderCounts, question: &[u8], edns: Option<Opt>) -> bool {
-    let end = out.len();
+fn finish(out: &mut Vec<u8>, metadata: Metadata, mut counts: HeaderCounts, question: &[u8], edns: Option<Opt>) {
     counts.additionals += edns.is_some() as u16;
-    let mut encoder = BinEncoder::new(out);
-    let written = Header { metadata, counts }
-        .emit(&mut encoder)
-        .and_then(|()| encoder.emit_vec(question));
-    encoder.set_offset(end);
-    written
-        .and_then(|()| edns.map_or(Ok(()), |opt| opt.emit(&mut encoder)))
-        .is_ok()
+    out[..12].copy_from_slice(&header_bytes(&metadata, counts));
+    out[12..12 + question.len()].copy_from_slice(question);
+    if let Some(opt) = edns {
+        opt.write(out);
+    }
 }
 
 /// Writes a response of `metadata`, the question and the OPT record only, into `out`.
@@ -111,7 +126,8 @@ pub fn write_bare(metadata: Metadata, question: &[u8], edns: Option<Opt>, out: &
         queries: 1,
         ..HeaderCounts::default()
     };
-    finish(out, metadata, counts, question, edns)
+    finish(out, metadata, counts, question, edns);
+    true
 }
 
 /// The header of an authoritative response to a request with `request` metadata.
@@ -154,7 +170,7 @@ fn encode_record(query: &Query, record: &Record) -> Option<Box<[u8]>> {
 /// comes between it and the question: its names point into the question only.
 #[cfg(debug_assertions)]
 fn position_independent(query: &Query, encoded: &[u8], record: &Record) -> bool {
-    use hickory_proto::op::{Message, MessageType, OpCode};
+    use hickory_proto::op::{Header, Message, OpCode};
     let filler = Record::from_rdata(
         Name::root(),
         0,
@@ -376,7 +392,8 @@ impl Prepared {
             authorities: 0,
             additionals: additionals as u16,
         };
-        finish(out, response, counts, question, edns)
+        finish(out, response, counts, question, edns);
+        true
     }
 }
 
@@ -529,6 +546,53 @@ impl SoaTail {
             authorities: if signed { 4 } else { 1 },
             additionals: 0,
         };
-        finish(out, authoritative(metadata, negative.code), counts, question, edns)
+        finish(out, authoritative(metadata, negative.code), counts, question, edns);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::{Header, OpCode};
+
+    #[test]
+    fn a_header_is_written_as_hickory_writes_it() {
+        let counts = HeaderCounts {
+            queries: 1,
+            answers: 0x1234,
+            authorities: 4,
+            additionals: 0xfffe,
+        };
+        for flags in 0..1u32 << 7 {
+            for op_code in [OpCode::Query, OpCode::Notify, OpCode::Update, OpCode::Status] {
+                for response_code in [
+                    ResponseCode::NoError,
+                    ResponseCode::NXDomain,
+                    ResponseCode::Refused,
+                    ResponseCode::BADCOOKIE,
+                ] {
+                    let on = |bit: u32| flags & 1 << bit != 0;
+                    let mut metadata = Metadata::new(0xbeef, MessageType::Query, op_code);
+                    metadata.message_type = if on(0) {
+                        MessageType::Response
+                    } else {
+                        MessageType::Query
+                    };
+                    metadata.authoritative = on(1);
+                    metadata.truncation = on(2);
+                    metadata.recursion_desired = on(3);
+                    metadata.recursion_available = on(4);
+                    metadata.authentic_data = on(5);
+                    metadata.checking_disabled = on(6);
+                    metadata.response_code = response_code;
+                    let mut hickory = Vec::new();
+                    Header { metadata, counts }
+                        .emit(&mut BinEncoder::new(&mut hickory))
+                        .unwrap();
+                    assert_eq!(header_bytes(&metadata, counts)[..], hickory[..], "{metadata:?}");
+                }
+            }
+        }
     }
 }
