@@ -1859,6 +1859,55 @@ async fn several_queries_on_one_tcp_connection() {
     assert_eq!(ids, messages.iter().map(|m| m.metadata.id).collect());
 }
 
+/// A client that pipelines (RFC 7766 §6.2.1.1) gets every reply, in order, though they are
+/// read and written in batches; and no reply waits for a query that has only partly arrived.
+#[tokio::test]
+async fn pipelined_tcp_queries_are_answered_in_order_and_none_waits_for_the_next() {
+    let server = common::start().await;
+    server
+        .register(json!({"name": "voice", "address": "10.0.0.1", "port": 5060}))
+        .await;
+    let mut stream = tokio::net::TcpStream::connect(server.dns()).await.unwrap();
+    let framed = |id: u16| {
+        let (name, rtype) = match id % 3 {
+            0 => (VOICE_SRV, RecordType::SRV),
+            1 => ("voice.service.koder.", RecordType::A),
+            _ => ("nosuch.service.koder.", RecordType::A),
+        };
+        let mut message = query_message(name, rtype, (id % 2 == 0).then_some(1232));
+        message.metadata.id = id;
+        let bytes = message.to_vec().unwrap();
+        [&(bytes.len() as u16).to_be_bytes()[..], &bytes].concat()
+    };
+    // 300 queries in one write (more than the server reads at once), then 3 bytes of one more.
+    let mut burst: Vec<u8> = (0..300).flat_map(framed).collect();
+    let last = framed(300);
+    burst.extend_from_slice(&last[..3]);
+    stream.write_all(&burst).await.unwrap();
+    async fn read_reply(stream: &mut tokio::net::TcpStream) -> Message {
+        let mut len = [0u8; 2];
+        tokio::time::timeout(Duration::from_secs(2), stream.read_exact(&mut len))
+            .await
+            .expect("a reply in time, not held back for the query still arriving")
+            .unwrap();
+        let mut reply = vec![0u8; u16::from_be_bytes(len) as usize];
+        stream.read_exact(&mut reply).await.unwrap();
+        Message::from_vec(&reply).unwrap()
+    }
+    for id in 0..300u16 {
+        let reply = read_reply(&mut stream).await;
+        assert_eq!(reply.metadata.id, id, "replies in the order of the queries");
+        match id % 3 {
+            0 => assert_eq!(srvs(&reply).len(), 1, "query {id}"),
+            1 => assert_eq!(reply.answers.len(), 1, "query {id}"),
+            _ => assert_eq!(reply.metadata.response_code, ResponseCode::NXDomain, "query {id}"),
+        }
+        assert_eq!(reply.edns.is_some(), id % 2 == 0, "query {id}: OPT as asked");
+    }
+    stream.write_all(&last[3..]).await.unwrap();
+    assert_eq!(read_reply(&mut stream).await.metadata.id, 300);
+}
+
 #[tokio::test]
 async fn idle_tcp_connections_are_closed() {
     let server = common::start_with(|c| c.dns_tcp_idle_timeout = Duration::from_millis(500)).await;
