@@ -3,15 +3,16 @@
 //! no records (no lookup, no EDNS, no allocation). Over UDP, `THREADS` SO_REUSEPORT sockets,
 //! each on a thread that takes queries with one `recvmmsg` and sends the replies with one
 //! `sendmmsg`, in batches of 32 as koder-dns's own UDP workers do; over TCP, a thread per
-//! connection. `benches/dns-compare.sh` runs it as the peer `null`, and reports koder-dns's
-//! QPS and answers per server core-second against it: what is left to win is the lookup,
-//! the answer and koder-dns's bookkeeping, not the kernel's part.
+//! connection that reads through a buffer and writes the replies to queries that arrived
+//! together at once, as koder-dns does. `benches/dns-compare.sh` runs it as the peer `null`,
+//! and reports koder-dns's QPS and answers per server core-second against it: what is left
+//! to win is the lookup, the answer and koder-dns's bookkeeping, not the kernel's part.
 //!
 //! Usage: `null-responder ADDR:PORT THREADS [PAD]`; serves until killed. `PAD` bytes of zeros
 //! after the question make each UDP reply as long as a real answer (`NULL_PAD` in
 //! dns-compare.sh), so that what the kernel spends on a reply's size is on both sides.
 
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 
@@ -126,24 +127,36 @@ fn serve_udp(socket: std::net::UdpSocket, pad: usize) -> std::io::Result<()> {
     }
 }
 
-fn serve_tcp(mut stream: TcpStream) {
-    let _ = stream.set_nodelay(true);
-    let mut buffer = vec![0u8; 2 + 65535];
+/// Whether `buffered` starts with a whole framed message.
+fn holds_message(buffered: &[u8]) -> bool {
+    match *buffered {
+        [l0, l1, ref rest @ ..] => rest.len() >= usize::from(u16::from_be_bytes([l0, l1])),
+        _ => false,
+    }
+}
+
+/// Reads through a 4 KiB buffer and writes the replies to queries that arrived together in
+/// one write, as koder-dns's TCP connections do, so that the two do the same system calls.
+fn serve_tcp(stream: TcpStream) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let mut reader = BufReader::with_capacity(4096, stream.try_clone()?);
+    let mut writer = stream;
+    let mut message = vec![0u8; 65535];
+    let mut out = Vec::new();
     loop {
-        if stream.read_exact(&mut buffer[..2]).is_err() {
-            return;
+        if !out.is_empty() && (out.len() >= 65536 || !holds_message(reader.buffer())) {
+            writer.write_all(&out)?;
+            out.clear();
         }
-        let len = u16::from_be_bytes([buffer[0], buffer[1]]) as usize;
-        if stream.read_exact(&mut buffer[2..2 + len]).is_err() {
-            return;
-        }
-        let Some(reply) = reply_in_place(&mut buffer[2..], len, 0) else {
-            return;
+        let mut len = [0u8; 2];
+        reader.read_exact(&mut len)?;
+        let len = usize::from(u16::from_be_bytes(len));
+        reader.read_exact(&mut message[..len])?;
+        let Some(reply) = reply_in_place(&mut message, len, 0) else {
+            return Ok(());
         };
-        buffer[..2].copy_from_slice(&(reply as u16).to_be_bytes());
-        if stream.write_all(&buffer[..2 + reply]).is_err() {
-            return;
-        }
+        out.extend_from_slice(&(reply as u16).to_be_bytes());
+        out.extend_from_slice(&message[..reply]);
     }
 }
 

@@ -83,10 +83,11 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     let mut stream = BufReader::with_capacity(READ_BUFFER, stream);
     let (mut message, mut reply, mut out) = (Vec::new(), Vec::new(), Vec::new());
     loop {
-        if !out.is_empty() && (out.len() >= WRITE_BATCH || !holds_message(stream.buffer())) {
-            if !write_out(&mut stream, &mut out, idle).await {
-                return;
-            }
+        if !out.is_empty()
+            && (out.len() >= WRITE_BATCH || !holds_message(stream.buffer()))
+            && !write_out(&mut stream, &mut out, idle).await
+        {
+            return;
         }
         let read = async {
             let mut len = [0u8; 2];

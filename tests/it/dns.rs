@@ -1874,7 +1874,7 @@ async fn pipelined_tcp_queries_are_answered_in_order_and_none_waits_for_the_next
             1 => ("voice.service.koder.", RecordType::A),
             _ => ("nosuch.service.koder.", RecordType::A),
         };
-        let mut message = query_message(name, rtype, (id % 2 == 0).then_some(1232));
+        let mut message = query_message(name, rtype, id.is_multiple_of(2).then_some(1232));
         message.metadata.id = id;
         let bytes = message.to_vec().unwrap();
         [&(bytes.len() as u16).to_be_bytes()[..], &bytes].concat()
@@ -1902,7 +1902,7 @@ async fn pipelined_tcp_queries_are_answered_in_order_and_none_waits_for_the_next
             1 => assert_eq!(reply.answers.len(), 1, "query {id}"),
             _ => assert_eq!(reply.metadata.response_code, ResponseCode::NXDomain, "query {id}"),
         }
-        assert_eq!(reply.edns.is_some(), id % 2 == 0, "query {id}: OPT as asked");
+        assert_eq!(reply.edns.is_some(), id.is_multiple_of(2), "query {id}: OPT as asked");
     }
     stream.write_all(&last[3..]).await.unwrap();
     assert_eq!(read_reply(&mut stream).await.metadata.id, 300);
