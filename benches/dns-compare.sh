@@ -276,7 +276,8 @@ for load, servers in sorted(by.items()):
         print(f"ratio koder-dns / hickory*: {med['koder'] / med['hickory']:.2f} (median QPS)")
 print()
 print("null* = a responder that does nothing (benches/null_responder.rs: header and question echoed, no lookup,"
-      " recvmmsg/sendmmsg in batches of 32 over UDP, a thread per TCP connection); hickory* = hickory-server's"
+      " recvmmsg/sendmmsg in batches of 32 over UDP, over TCP a thread per connection that reads"
+      " through a buffer and writes the replies to queries read together at once); hickory* = hickory-server's"
       " Server with a handler that answers nothing, the framework's ceiling")
 EOF
 echo
