@@ -1845,18 +1845,23 @@ async fn several_queries_on_one_tcp_connection() {
     }
     let mut ids = HashSet::new();
     for _ in &messages {
-        let mut len = [0u8; 2];
-        tokio::time::timeout(Duration::from_secs(2), stream.read_exact(&mut len))
-            .await
-            .expect("reply in time")
-            .unwrap();
-        let mut reply = vec![0u8; u16::from_be_bytes(len) as usize];
-        stream.read_exact(&mut reply).await.unwrap();
-        let reply = Message::from_vec(&reply).unwrap();
+        let reply = read_framed(&mut stream).await;
         assert_eq!(srvs(&reply).len(), 1);
         ids.insert(reply.metadata.id);
     }
     assert_eq!(ids, messages.iter().map(|m| m.metadata.id).collect());
+}
+
+/// The next reply on a DNS TCP connection, which must come within 2 s.
+async fn read_framed(stream: &mut tokio::net::TcpStream) -> Message {
+    let mut len = [0u8; 2];
+    tokio::time::timeout(Duration::from_secs(2), stream.read_exact(&mut len))
+        .await
+        .expect("a reply in time")
+        .unwrap();
+    let mut reply = vec![0u8; u16::from_be_bytes(len) as usize];
+    stream.read_exact(&mut reply).await.unwrap();
+    Message::from_vec(&reply).unwrap()
 }
 
 /// A client that pipelines (RFC 7766 §6.2.1.1) gets every reply, in order, though they are
@@ -1884,18 +1889,8 @@ async fn pipelined_tcp_queries_are_answered_in_order_and_none_waits_for_the_next
     let last = framed(300);
     burst.extend_from_slice(&last[..3]);
     stream.write_all(&burst).await.unwrap();
-    async fn read_reply(stream: &mut tokio::net::TcpStream) -> Message {
-        let mut len = [0u8; 2];
-        tokio::time::timeout(Duration::from_secs(2), stream.read_exact(&mut len))
-            .await
-            .expect("a reply in time, not held back for the query still arriving")
-            .unwrap();
-        let mut reply = vec![0u8; u16::from_be_bytes(len) as usize];
-        stream.read_exact(&mut reply).await.unwrap();
-        Message::from_vec(&reply).unwrap()
-    }
     for id in 0..300u16 {
-        let reply = read_reply(&mut stream).await;
+        let reply = read_framed(&mut stream).await;
         assert_eq!(reply.metadata.id, id, "replies in the order of the queries");
         match id % 3 {
             0 => assert_eq!(srvs(&reply).len(), 1, "query {id}"),
@@ -1905,7 +1900,7 @@ async fn pipelined_tcp_queries_are_answered_in_order_and_none_waits_for_the_next
         assert_eq!(reply.edns.is_some(), id.is_multiple_of(2), "query {id}: OPT as asked");
     }
     stream.write_all(&last[3..]).await.unwrap();
-    assert_eq!(read_reply(&mut stream).await.metadata.id, 300);
+    assert_eq!(read_framed(&mut stream).await.metadata.id, 300);
 }
 
 #[tokio::test]
