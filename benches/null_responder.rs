@@ -153,7 +153,7 @@ fn serve_tcp(stream: TcpStream) -> std::io::Result<()> {
         let len = usize::from(u16::from_be_bytes(len));
         reader.read_exact(&mut message[..len])?;
         let Some(reply) = reply_in_place(&mut message, len, 0) else {
-            return Ok(());
+            return writer.write_all(&out);
         };
         out.extend_from_slice(&(reply as u16).to_be_bytes());
         out.extend_from_slice(&message[..reply]);

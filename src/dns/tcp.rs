@@ -83,15 +83,15 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     let mut stream = BufReader::with_capacity(READ_BUFFER, stream);
     let (mut message, mut reply, mut out) = (Vec::new(), Vec::new(), Vec::new());
     loop {
-        if !out.is_empty()
-            && (out.len() >= WRITE_BATCH || !holds_message(stream.buffer()))
-            && !write_out(&mut stream, &mut out, idle).await
-        {
+        if !holds_message(stream.buffer()) && !write_out(&mut stream, &mut out, idle).await {
             return;
         }
         let read = async {
             let mut len = [0u8; 2];
             stream.read_exact(&mut len).await?;
+            // A rare long query does not leave its room behind on an idle connection.
+            message.clear();
+            message.shrink_to(READ_BUFFER);
             message.resize(usize::from(u16::from_be_bytes(len)), 0);
             stream.read_exact(&mut message).await
         };
@@ -99,11 +99,13 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
             return;
         };
         if message.len() < 2 {
+            // Not a DNS message: the connection ends, after the replies already answered.
+            write_out(&mut stream, &mut out, idle).await;
             return;
         }
         if transfer::requested(&message).is_some() {
             // What was answered before goes first.
-            if !out.is_empty() && !write_out(&mut stream, &mut out, idle).await {
+            if !write_out(&mut stream, &mut out, idle).await {
                 return;
             }
             // Built off the runtime's threads (a 100k-instance zone takes a while) and
@@ -131,6 +133,10 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
             continue;
         }
         metrics::dns_reply(transport, &reply);
+        // At most WRITE_BATCH held, or one long reply.
+        if out.len() + 2 + reply.len() > WRITE_BATCH && !write_out(&mut stream, &mut out, idle).await {
+            return;
+        }
         frame(&mut out, &reply);
     }
 }
@@ -153,6 +159,9 @@ fn frame(out: &mut Vec<u8>, reply: &[u8]) {
 /// TCP_NODELAY a separate 2-byte length would go out as a packet of its own. False when the
 /// client is gone or stalled.
 async fn write_out<S: AsyncWrite + Unpin>(stream: &mut S, out: &mut Vec<u8>, idle: Duration) -> bool {
+    if out.is_empty() {
+        return true;
+    }
     let write = async {
         stream.write_all(out).await?;
         // A TLS stream holds what it encrypted until flushed; a TCP one sends at once.
@@ -160,5 +169,6 @@ async fn write_out<S: AsyncWrite + Unpin>(stream: &mut S, out: &mut Vec<u8>, idl
     };
     let written = matches!(tokio::time::timeout(idle, write).await, Ok(Ok(())));
     out.clear();
+    out.shrink_to(WRITE_BATCH);
     written
 }

@@ -1903,6 +1903,26 @@ async fn pipelined_tcp_queries_are_answered_in_order_and_none_waits_for_the_next
     assert_eq!(read_framed(&mut stream).await.metadata.id, 300);
 }
 
+/// A frame too short to be a message ends the connection, but not before the replies to the
+/// queries that came before it in the same segment.
+#[tokio::test]
+async fn replies_answered_before_a_bad_frame_still_go_out() {
+    let server = common::start().await;
+    server
+        .register(json!({"name": "voice", "address": "10.0.0.1", "port": 5060}))
+        .await;
+    for tail in [&[0u8, 0][..], &[0, 1, 0xab]] {
+        let mut stream = tokio::net::TcpStream::connect(server.dns()).await.unwrap();
+        let bytes = query_message(VOICE_SRV, RecordType::SRV, None).to_vec().unwrap();
+        let segment = [&(bytes.len() as u16).to_be_bytes()[..], &bytes, tail].concat();
+        stream.write_all(&segment).await.unwrap();
+        assert_eq!(srvs(&read_framed(&mut stream).await).len(), 1, "after {tail:?}");
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(2), stream.read_to_end(&mut rest)).await;
+        assert!(matches!(closed, Ok(Ok(0))), "closed after {tail:?}: {closed:?}");
+    }
+}
+
 #[tokio::test]
 async fn idle_tcp_connections_are_closed() {
     let server = common::start_with(|c| c.dns_tcp_idle_timeout = Duration::from_millis(500)).await;
