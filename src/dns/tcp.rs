@@ -71,8 +71,8 @@ const WRITE_BATCH: usize = 64 * 1024;
 /// Replies to queries that arrived together leave together, in one write: each is sent
 /// once no further complete query is waiting in the read buffer (or [`WRITE_BATCH`] is
 /// reached), so none waits on a query that has not arrived. dnsperf over 8 connections with
-/// 200 queries outstanding got 159k answers/s from one core before, 361k-378k after
-/// (`PIN=1 DNSPERF_MODE=tcp benches/dns-compare.sh`, medians of 5 rounds, 3 runs).
+/// 200 queries outstanding got 159k answers/s from one core before, 361k-386k after
+/// (`PIN=1 DNSPERF_MODE=tcp benches/dns-compare.sh`, medians of 5 rounds, 5 runs).
 async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
     src: SocketAddr,
@@ -155,9 +155,9 @@ fn frame(out: &mut Vec<u8>, reply: &[u8]) {
     out.extend_from_slice(reply);
 }
 
-/// Writes the framed replies in `out` in one write (one TLS record), and empties it: with
-/// TCP_NODELAY a separate 2-byte length would go out as a packet of its own. False when the
-/// client is gone or stalled.
+/// Writes the framed replies in `out` in one write (over TLS, a record per 16 KiB), and
+/// empties it: with TCP_NODELAY a separate 2-byte length would go out as a packet of its
+/// own. False when the client is gone or stalled.
 async fn write_out<S: AsyncWrite + Unpin>(stream: &mut S, out: &mut Vec<u8>, idle: Duration) -> bool {
     if out.is_empty() {
         return true;
