@@ -259,7 +259,8 @@ pub fn slip(authority: &Authority, message: &[u8], src: SocketAddr, out: &mut Ve
     let mut metadata = Metadata::response_from_request(&question.metadata);
     metadata.truncation = true;
     let opt = authority.reply_opt(question.edns, src);
-    crate::zone::prepared::write_bare(metadata, question.raw, opt, out)
+    crate::zone::prepared::write_bare(metadata, question.raw, opt, out);
+    true
 }
 
 /// Answers one raw DNS message the way the servers do: responses (QR=1) get no reply,

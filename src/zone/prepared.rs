@@ -119,7 +119,7 @@ fn finish(out: &mut Vec<u8>, metadata: Metadata, mut counts: HeaderCounts, quest
 }
 
 /// Writes a response of `metadata`, the question and the OPT record only, into `out`.
-pub fn write_bare(metadata: Metadata, question: &[u8], edns: Option<Opt>, out: &mut Vec<u8>) -> bool {
+pub fn write_bare(metadata: Metadata, question: &[u8], edns: Option<Opt>, out: &mut Vec<u8>) {
     out.clear();
     out.resize(12 + question.len(), 0);
     let counts = HeaderCounts {
@@ -127,7 +127,6 @@ pub fn write_bare(metadata: Metadata, question: &[u8], edns: Option<Opt>, out: &
         ..HeaderCounts::default()
     };
     finish(out, metadata, counts, question, edns);
-    true
 }
 
 /// The header of an authoritative response to a request with `request` metadata.
