@@ -195,10 +195,7 @@ impl ZoneAnswerer {
             }
             Shape::Service(service, protocol) => {
                 let view = std::str::from_utf8(service).ok().and_then(|s| self.registry.view(s))?;
-                let members: Vec<&Arc<Member>> = view
-                    .answerable(now)
-                    .filter(|m| protocol.is_none_or(|p| m.protocol.as_bytes() == p))
-                    .collect();
+                let members = self.answerable(&view, protocol, now);
                 if members.is_empty() {
                     return None;
                 }
