@@ -407,6 +407,8 @@ impl Authority {
         let limit = response_limit(protocol, edns.map(|e| e.max_payload), wire.udp_max_payload);
         let opt = self.reply_opt(*edns, src);
         let signer = zone.signer.as_deref().filter(|_| opt.is_some_and(|o| o.dnssec_ok));
+        // hickory's name, built once and only for what the prepared answers do not cover.
+        let mut name = None;
         let code = match zone.prepared(&below, qtype, signer.is_some(), |p| {
             (!p.is_empty()).then(|| p.write(metadata, raw, opt, limit, out))
         }) {
@@ -414,7 +416,7 @@ impl Authority {
             Some(None) => ResponseCode::NoError,
             // Told without building the records: those that have some are built once, by
             // the full path.
-            None => match zone.negative(&below.lower_name(), qtype) {
+            None => match zone.negative(name.insert(below.lower_name()), qtype) {
                 Some(code) => code,
                 None => return false,
             },
@@ -432,7 +434,7 @@ impl Authority {
         };
         // Compact denial: the name's own NSEC, made once per name and kept.
         let now = zone.registry.now();
-        let name = below.lower_name();
+        let name = name.unwrap_or_else(|| below.lower_name());
         let Some(denial) = signer.denial_bytes(&name, zone.types_at(&name).as_deref(), zone.negative_ttl, now) else {
             return false;
         };
