@@ -7,6 +7,7 @@ use std::str::FromStr;
 use hickory_proto::rr::domain::Label;
 use hickory_proto::rr::rdata::{A, AAAA, NS, SOA, SRV, TXT};
 use hickory_proto::rr::{LowerName, Name, RData, Record};
+use hickory_proto::serialize::binary::BinEncodable;
 
 use crate::model::instance::{Address, Instance};
 use crate::model::metadata::Metadata;
@@ -70,13 +71,11 @@ impl ZoneNames {
             format!("{domain:?} is too long: <32 hex digits>.addr.{domain} would exceed 255 bytes; choose a shorter --domain")
         })?;
         let origin_wire = origin
-            .iter()
-            .flat_map(|label| std::iter::once(label.len() as u8).chain(label.iter().copied()))
-            .chain([0])
-            .collect();
+            .to_bytes()
+            .map_err(|e| format!("{domain:?} cannot be encoded: {e}"))?;
         Ok(Self {
             origin_lower: LowerName::new(&origin),
-            origin_wire,
+            origin_wire: origin_wire.into(),
             addr,
             ns: child("ns")?,
             hostmaster: child("hostmaster")?,
