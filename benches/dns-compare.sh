@@ -24,6 +24,9 @@
 #                     --dns-rrl-rate RRL_RATE, measured in the same rounds: the cost of rate
 #                     limiting when no client is over the rate (dnsperf's one source must stay
 #                     under it: pick a rate well above the QPS, e.g. 1000000)
+#   BASELINE_BIN      a koder-dns binary of another build (say, the commit before a change):
+#                     a second koder-dns ("baseline") from it with the same instances,
+#                     measured in the same rounds; the table adds koder-dns / baseline
 #   FIXED_QPS=100000  when > 0, after the rounds at saturation, as many rounds with dnsperf
 #                     -Q FIXED_QPS (an offered load below saturation, where answers per
 #                     server core-second are steady); 0 = saturation only
@@ -55,6 +58,7 @@ INSTANCES="${INSTANCES:-5}"
 FILL_SERVICES="${FILL_SERVICES:-0}"
 FILL_INSTANCES="${FILL_INSTANCES:-5}"
 RRL_RATE="${RRL_RATE:-0}"
+BASELINE_BIN="${BASELINE_BIN:-}"
 QUERY_MIX="${QUERY_MIX:-srv=60,a=20,txt=10,nx=10}"
 CLIENTS="${CLIENTS:-8}"
 OUTSTANDING="${OUTSTANDING:-200}"
@@ -82,6 +86,7 @@ declare -A PORT PID
 SERVERS=(koder)
 [[ $FILL_SERVICES -gt 0 ]] && SERVERS+=(koderfill)
 [[ $RRL_RATE -gt 0 ]] && SERVERS+=(koderrrl)
+[[ -n $BASELINE_BIN ]] && SERVERS+=(koderbase)
 for p in $PEERS; do
     case "$p" in
         nsd | knot | null | hickory) SERVERS+=("$p") ;;
@@ -106,12 +111,21 @@ if [[ -s $IN/fill.jsonl ]]; then
     register_jsonl "$IN/fill.jsonl" filler --procs 4 --conns 8
 fi
 
-if [[ $RRL_RATE -gt 0 ]]; then
-    PORT[koderrrl]="$(free_port)"
+# start_second_koder KEY NAME [serve args...]: another koder-dns ($KODER_BIN) with the live
+# instances, measured as KEY
+start_second_koder() {
+    local key="$1" name="$2"
+    shift 2
+    PORT[$key]="$(free_port)"
     HTTP_PORT="$(free_port)"
-    KODER_NAME=koder-rrl start_koder "${PORT[koderrrl]}" "$HTTP_PORT" --dns-rrl-rate "$RRL_RATE"
-    PID[koderrrl]="$KODER_PID"
-    register_jsonl "$IN/register.jsonl" "live instances (koder-dns+rrl)" --procs 4
+    KODER_NAME="$name" start_koder "${PORT[$key]}" "$HTTP_PORT" "$@"
+    PID[$key]="$KODER_PID"
+    register_jsonl "$IN/register.jsonl" "live instances ($name)" --procs 4
+}
+[[ $RRL_RATE -gt 0 ]] && start_second_koder koderrrl koder-rrl --dns-rrl-rate "$RRL_RATE"
+if [[ -n $BASELINE_BIN ]]; then
+    [[ -x $BASELINE_BIN ]] || die "BASELINE_BIN=$BASELINE_BIN is not an executable"
+    KODER_BIN="$BASELINE_BIN" start_second_koder koderbase koder-before
 fi
 
 for p in $PEERS; do
@@ -155,7 +169,7 @@ canon() {
 }
 canon "${PORT[koder]}" >"$BENCH_TMP/answers.koder"
 MISMATCH=0
-for p in ${PORT[koderfill]:+koderfill} ${PORT[koderrrl]:+koderrrl} $ANSWERING_PEERS; do
+for p in ${PORT[koderfill]:+koderfill} ${PORT[koderrrl]:+koderrrl} ${PORT[koderbase]:+koderbase} $ANSWERING_PEERS; do
     canon "${PORT[$p]}" >"$BENCH_TMP/answers.$p"
     if ! diff -u "$BENCH_TMP/answers.$p" "$BENCH_TMP/answers.koder" >"$BENCH_TMP/answers.diff.$p"; then
         MISMATCH=1
@@ -163,7 +177,7 @@ for p in ${PORT[koderfill]:+koderfill} ${PORT[koderrrl]:+koderrrl} $ANSWERING_PE
         grep '^[-+]=' "$BENCH_TMP/answers.diff.$p" | cut -c1-300 >&2
     fi
 done
-[[ $MISMATCH == 0 ]] && log "answer check: koder-dns returns the same records as: ${PORT[koderfill]:+koder-dns+fill }${ANSWERING_PEERS:-(no peers)}"
+[[ $MISMATCH == 0 ]] && log "answer check: koder-dns returns the same records as: ${PORT[koderfill]:+koder-dns+fill }${PORT[koderbase]:+baseline }${ANSWERING_PEERS:-(no peers)}"
 
 # ---- dnsperf runs
 # run_dnsperf SERVER SECONDS OUTFILE [QPS]  (also records server CPU ticks); QPS > 0 offers
@@ -222,7 +236,7 @@ python3 - "$RESULTS" "$TCK" "$DURATION" <<'EOF'
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 tck, dur = float(sys.argv[2]), float(sys.argv[3])
-names = {"koder": "koder-dns", "koderfill": "koder+fill", "koderrrl": "koder+rrl", "nsd": "NSD", "knot": "Knot DNS",
+names = {"koder": "koder-dns", "koderfill": "koder+fill", "koderrrl": "koder+rrl", "koderbase": "baseline", "nsd": "NSD", "knot": "Knot DNS",
          "null": "null*", "hickory": "hickory*"}
 by = {}
 for load, s, r, qps, lat, sent, lost, rsize, nx, ticks, drops in rows:
@@ -238,7 +252,7 @@ for load, servers in sorted(by.items()):
     print(hdr)
     print("-" * len(hdr))
     med, per_core = {}, {}
-    for s in ["koder", "koderfill", "koderrrl", "nsd", "knot", "null", "hickory"]:
+    for s in ["koder", "koderfill", "koderrrl", "koderbase", "nsd", "knot", "null", "hickory"]:
         if s not in servers:
             continue
         rs = servers[s]
@@ -272,6 +286,9 @@ for load, servers in sorted(by.items()):
         print(f"ratio koder-dns+rrl / koder-dns: {med['koderrrl'] / med['koder']:.2f} (median QPS), "
               f"{per_core['koderrrl'] / per_core['koder']:.2f} (answers per server core-second);"
               " rate limiting on, no client over the rate")
+    if "koderbase" in med:
+        print(f"ratio koder-dns / baseline: {med['koder'] / med['koderbase']:.2f} (median QPS), "
+              f"{per_core['koder'] / per_core['koderbase']:.2f} (answers per server core-second)")
     if "hickory" in med:
         print(f"ratio koder-dns / hickory*: {med['koder'] / med['hickory']:.2f} (median QPS)")
 print()
